@@ -1,0 +1,1 @@
+"""Data stage: corpora -> tokenized shards -> tf.data batches. Knows nothing of models."""

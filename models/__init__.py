@@ -1,0 +1,1 @@
+"""Model stage: Flax encoder, heads and pretraining model. Takes arrays, not pipelines."""

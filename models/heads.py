@@ -1,0 +1,67 @@
+"""Pretraining heads: the masked-LM head (tied decoder) and the NSP/SOP head.
+
+Parameter trees (names map onto BERT's cls/predictions and cls/seq_relationship):
+
+    MaskedLMHead: transform/{kernel, bias}, transform_layer_norm/{scale, bias}, output_bias
+    SentenceHead: classifier/{kernel, bias}
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models import axes
+from models.encoder import EncoderConfig, bias_init, dense, kernel_init, layer_norm
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's MLM head, evaluated only at the P masked positions.
+
+    The positions are gathered first, so the transform and the vocabulary
+    projection cost O(B * P * V), never O(B * L * V).
+    """
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, sequence_output: jax.Array, masked_lm_positions: jax.Array,
+                 word_embeddings: jax.Array) -> jax.Array:
+        """Logits over the vocabulary at the masked positions.
+
+        Args:
+          sequence_output: [B, L, H] compute dtype, the encoder's last hidden states.
+          masked_lm_positions: [B, P] int32 indices into L.
+          word_embeddings: [V, H] the token embedding table (decoder tied to it).
+        Returns:
+          [B, P, V] float32 logits.
+        """
+        cfg = self.config
+        x = jnp.take_along_axis(sequence_output, masked_lm_positions[:, :, None], axis=1)
+        x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
+        x = cfg.activation(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="transform")(x))
+        x = layer_norm(cfg, name="transform_layer_norm")(x).astype(cfg.compute_dtype)
+        # Inputs in compute dtype, accumulation and result in float32: the logits
+        # feed a softmax over V entries.
+        logits = jnp.einsum("bph,vh->bpv", x, word_embeddings.astype(cfg.compute_dtype),
+                            preferred_element_type=jnp.float32)
+        output_bias = self.param("output_bias", bias_init((axes.VOCAB,)), (cfg.vocab_size,),
+                                 cfg.storage_dtype)
+        logits = logits + output_bias.astype(jnp.float32)
+        return nn.with_logical_constraint(logits, (axes.BATCH, axes.PREDICTIONS, axes.VOCAB))
+
+
+class SentenceHead(nn.Module):
+    """Two-way classifier on the pooled first token: NSP (BERT) or SOP (ALBERT)."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, pooled_output: jax.Array) -> jax.Array:
+        """pooled_output: [B, H] compute dtype. Returns [B, 2] float32 logits."""
+        cfg = self.config
+        # H x 2 is negligible work, so it runs in float32 outright.
+        return nn.Dense(2, dtype=jnp.float32, param_dtype=cfg.storage_dtype,
+                        kernel_init=kernel_init(cfg, (axes.EMBED, None)),
+                        bias_init=bias_init((None,)), name="classifier")(pooled_output)

@@ -1,0 +1,88 @@
+"""The pretraining model (encoder + MLM head + optional NSP/SOP head) and its size.
+
+Parameter tree top level: `encoder` (models/encoder.py), `mlm_head`, and
+`sentence_head` when the recipe has a sentence objective (models/heads.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from models.encoder import Encoder, EncoderConfig
+from models.heads import MaskedLMHead, SentenceHead
+
+
+class PretrainingModel(nn.Module):
+    """Encoder with the MLM head and, if `sentence_objective`, the NSP/SOP head."""
+
+    config: EncoderConfig
+    sentence_objective: bool = True
+
+    @nn.compact
+    def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool) -> dict[str, jax.Array]:
+        """Logits of a pretraining batch.
+
+        Args:
+          batch: int32 arrays `input_ids`, `input_mask`, `segment_ids` [B, L];
+            `masked_lm_positions` [B, P]; optional `positions` [B, L] (default
+            0..L-1) and `example_ids` [B, L] (packed rows: attention stays
+            within each example). Other keys (labels, weights) are ignored.
+          deterministic: False in training: enables dropout (rng collection "dropout").
+        Returns:
+          {"mlm_logits": [B, P, V] float32, "sentence_logits": [B, 2] float32
+          (only with a sentence objective)}.
+        """
+        encoded = Encoder(self.config, name="encoder")(
+            batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+            positions=batch.get("positions"), example_ids=batch.get("example_ids"),
+            deterministic=deterministic)
+        logits = {"mlm_logits": MaskedLMHead(self.config, name="mlm_head")(
+            encoded.sequence_output, batch["masked_lm_positions"], encoded.word_embeddings)}
+        if self.sentence_objective:
+            logits["sentence_logits"] = SentenceHead(self.config, name="sentence_head")(
+                encoded.pooled_output)
+        return logits
+
+
+def example_batch(batch_size: int, seq_len: int, num_predictions: int) -> dict[str, np.ndarray]:
+    """A batch of the right shapes and dtypes (all real tokens, id 0), for init and eval_shape."""
+    tokens = np.zeros((batch_size, seq_len), np.int32)
+    return {
+        "input_ids": tokens,
+        "input_mask": np.ones_like(tokens),
+        "segment_ids": tokens,
+        "masked_lm_positions": np.zeros((batch_size, num_predictions), np.int32),
+    }
+
+
+def abstract_params(config: EncoderConfig, sentence_objective: bool = True) -> Any:
+    """The parameter tree as ShapeDtypeStructs in nn.Partitioned boxes; allocates nothing."""
+    model = PretrainingModel(config, sentence_objective=sentence_objective)
+    variables = jax.eval_shape(
+        lambda rng: model.init(rng, example_batch(1, 1, 1), deterministic=True),
+        jax.random.key(0))
+    return variables["params"]
+
+
+def count_params(params: Any) -> int:
+    """Number of scalars in a parameter tree (arrays or ShapeDtypeStructs, boxed or not)."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+
+
+def flops_per_sequence(config: EncoderConfig, seq_len: int, num_predictions: int) -> float:
+    """Model matmul FLOPs to train on one sequence (forward + backward = 3x forward).
+
+    PERFORMANCE.md: F = 3 * [L*(2*s*(4*h*h + 2*h*f) + 4*s*s*h) + 2*P*(h*h + h*V)],
+    with s = seq_len, P = num_predictions. Embedding gathers, the pooler and
+    the sentence classifier are not counted.
+    """
+    s, h, f = seq_len, config.hidden_size, config.intermediate_size
+    layers = config.num_layers * (2 * s * (4 * h * h + 2 * h * f) + 4 * s * s * h)
+    mlm = 2 * num_predictions * (h * h + h * config.vocab_size)
+    return 3.0 * (layers + mlm)

@@ -1,0 +1,52 @@
+"""CLI: parameter count and training FLOPs of a model config.
+
+    python -m models.summary --gin_file=configs/models/bert_base.gin \
+        [--gin_bindings='EncoderConfig.num_layers = 6'] [--seq_len=128] [--num_predictions=20]
+
+Prints, one per line: `params: N` (the pretraining model with the NSP/SOP head),
+`train_flops_per_token: X`, `train_gflops_per_sequence: X` (PERFORMANCE.md formula)
+and `encoder_params: N` (without the heads). Shapes come from jax.eval_shape, so
+even the largest config allocates nothing. A config error prints one
+`error: ...` line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import gin
+from absl import app, flags
+
+from models.encoder import EncoderConfig
+from models.pretraining import abstract_params, count_params, flops_per_sequence
+
+_GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin files to parse, in order.")
+_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "Extra gin bindings, applied last.")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Tokens per sequence (s in the FLOPs formula).")
+_NUM_PREDICTIONS = flags.DEFINE_integer("num_predictions", 20, "Masked positions per sequence (P).")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        gin.parse_config_files_and_bindings(_GIN_FILE.value, _GIN_BINDINGS.value)
+        config = EncoderConfig()
+        if not 1 <= _SEQ_LEN.value <= config.max_position_embeddings:
+            raise ValueError(f"--seq_len={_SEQ_LEN.value} is outside "
+                             f"[1, max_position_embeddings={config.max_position_embeddings}]")
+    # Anything raised while reading the config is a config error, whatever its type
+    # (gin raises ValueError, SyntaxError, OSError, tokenize.TokenError, ...).
+    except Exception as e:  # pylint: disable=broad-except
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        sys.exit(2)
+    params = abstract_params(config)
+    flops = flops_per_sequence(config, _SEQ_LEN.value, _NUM_PREDICTIONS.value)
+    print(f"params: {count_params(params)}")
+    print(f"train_flops_per_token: {flops / _SEQ_LEN.value:.6g}")
+    print(f"train_gflops_per_sequence: {flops / 1e9:.6g}")
+    print(f"encoder_params: {count_params(params['encoder'])}")
+
+
+if __name__ == "__main__":
+    app.run(main)

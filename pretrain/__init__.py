@@ -1,0 +1,1 @@
+"""Pretraining stage: optimizer, losses, sharding, checkpoints and the train loop."""

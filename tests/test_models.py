@@ -1,0 +1,419 @@
+"""Tests of models/: config, encoder, heads, pretraining model, sizes, sharding, summary CLI."""
+
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import flax.linen as nn
+import gin
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from models import axes
+from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
+from models.pretraining import (PretrainingModel, abstract_params, count_params,
+                                flops_per_sequence)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Dimensions chosen so that B*L*V is larger than every other array in the model:
+# then "no array of B*L*V elements" is a sharp test that [B, L, V] never exists.
+B, L, P = 2, 24, 4
+TINY = EncoderConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
+                     intermediate_size=64, max_position_embeddings=32)
+RNG = jax.random.key(0)
+
+
+def make_batch(batch_size=B, seed=0, real_len=L - 5):
+    """Random batch: rows of `real_len` real tokens followed by padding."""
+    rs = np.random.RandomState(seed)
+    input_mask = np.zeros((batch_size, L), np.int32)
+    input_mask[:, :real_len] = 1
+    return {
+        "input_ids": (rs.randint(1, TINY.vocab_size, (batch_size, L)) * input_mask).astype(np.int32),
+        "input_mask": input_mask,
+        "segment_ids": (np.arange(L)[None, :] >= real_len // 2).astype(np.int32) * input_mask,
+        "masked_lm_positions": np.sort(
+            np.stack([rs.choice(real_len, P, replace=False) for _ in range(batch_size)]), axis=1
+        ).astype(np.int32),
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny model and its variables; they depend on neither compute dtype nor batch shape."""
+    model = PretrainingModel(TINY)
+    # Jitted: eager init compiles every initialiser op separately, ~3x slower here.
+    return model, jax.jit(lambda rng: model.init(rng, make_batch(), deterministic=True))(RNG)
+
+
+# --- config ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"hidden_size": 30, "num_heads": 4}, "divisible by num_heads"),
+    ({"hidden_act": "swish"}, "hidden_act"),
+    ({"dtype": "float8"}, "dtype"),
+    ({"param_dtype": "int8"}, "param_dtype"),
+    ({"attention_implementation": "flash"}, "attention_implementation"),
+    ({"dropout_rate": 1.0}, "dropout_rate"),
+    ({"num_layers": 0}, "num_layers"),
+])
+def test_config_rejects_bad_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TINY, **overrides)
+
+
+def test_config_gin_binding():
+    gin.clear_config()
+    try:
+        gin.parse_config("EncoderConfig.hidden_size = 128\nEncoderConfig.num_heads = 2")
+        config = EncoderConfig()
+        assert (config.hidden_size, config.num_heads, config.num_layers) == (128, 2, 12)
+        assert EncoderConfig(num_layers=3).hidden_size == 128  # explicit args and bindings mix
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            config.hidden_size = 64
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.parametrize("name, sizes", [
+    ("bert_tiny", (2, 128, 2, 512)), ("bert_mini", (4, 256, 4, 1024)),
+    ("bert_small", (4, 512, 8, 2048)), ("bert_medium", (8, 512, 8, 2048)),
+    ("bert_base", (12, 768, 12, 3072)), ("bert_large", (24, 1024, 16, 4096)),
+])
+def test_model_gin_files(name, sizes):
+    gin.clear_config()
+    try:
+        gin.parse_config_file(str(ROOT / "configs/models" / f"{name}.gin"))
+        config = EncoderConfig()
+    finally:
+        gin.clear_config()
+    assert (config.num_layers, config.hidden_size, config.num_heads,
+            config.intermediate_size) == sizes
+    assert config.vocab_size == 30522
+
+
+# --- shapes, dtypes, parameters ----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_output_shapes_and_dtypes(tiny, dtype):
+    config = dataclasses.replace(TINY, dtype=dtype)
+    model, variables = PretrainingModel(config), tiny[1]
+    out = model.apply(variables, make_batch(), deterministic=True)
+    assert set(out) == {"mlm_logits", "sentence_logits"}
+    assert out["mlm_logits"].shape == (B, P, TINY.vocab_size)
+    assert out["sentence_logits"].shape == (B, 2)
+    assert out["mlm_logits"].dtype == jnp.float32 and out["sentence_logits"].dtype == jnp.float32
+    assert all(bool(jnp.isfinite(x).all()) for x in out.values())
+    assert {leaf.dtype for leaf in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
+
+    encoded = jax.eval_shape(lambda params, b: Encoder(config).apply(
+        {"params": params}, b["input_ids"], b["input_mask"], b["segment_ids"], deterministic=True),
+        variables["params"]["encoder"], make_batch())
+    assert encoded.sequence_output.shape == (B, L, TINY.hidden_size)
+    assert encoded.sequence_output.dtype == jnp.dtype(dtype)
+    assert encoded.pooled_output.shape == (B, TINY.hidden_size)
+
+
+def test_without_sentence_objective(tiny):
+    assert set(abstract_params(TINY, sentence_objective=False)) == {"encoder", "mlm_head"}
+    params = {k: v for k, v in tiny[1]["params"].items() if k != "sentence_head"}
+    out = PretrainingModel(TINY, sentence_objective=False).apply(
+        {"params": params}, make_batch(), deterministic=True)
+    assert set(out) == {"mlm_logits"}
+
+
+def test_param_tree_names(tiny):
+    _, variables = tiny
+    params = variables["params"]
+    assert set(params) == {"encoder", "mlm_head", "sentence_head"}
+    assert set(params["encoder"]) == {"embeddings", "layer_0", "layer_1", "pooler"}
+    assert set(params["encoder"]["layer_0"]) == {
+        "attention", "attention_layer_norm", "intermediate", "output", "output_layer_norm"}
+    assert set(params["encoder"]["layer_0"]["attention"]) == {"query", "key", "value", "output"}
+    assert set(params["mlm_head"]) == {"transform", "transform_layer_norm", "output_bias"}
+
+
+def test_every_param_has_logical_axes(tiny):
+    _, variables = tiny
+    boxed = jax.tree.leaves(variables["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    assert boxed and all(isinstance(leaf, nn.Partitioned) for leaf in boxed)
+    for leaf in boxed:
+        assert len(leaf.names) == leaf.value.ndim
+        assert set(leaf.names) <= set(axes.ALL) | {None}
+    specs = nn.get_partition_spec(variables)
+    word = specs["params"]["encoder"]["embeddings"]["word_embeddings"]["embedding"]
+    assert word == PartitionSpec(axes.VOCAB, axes.EMBED)
+    query = specs["params"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
+    assert query == PartitionSpec(axes.EMBED, axes.HEADS, axes.KV)
+
+
+def test_initialisers(tiny):
+    _, variables = tiny
+    params = nn.unbox(variables["params"])
+    layer = params["encoder"]["layer_0"]
+    assert np.all(layer["intermediate"]["bias"] == 0)
+    assert np.all(layer["output_layer_norm"]["scale"] == 1)
+    kernel = np.asarray(layer["intermediate"]["kernel"])
+    assert np.abs(kernel).max() <= 2 * TINY.initializer_range + 1e-7  # truncated at 2 stddev
+    assert 0.5 * TINY.initializer_range < kernel.std() < TINY.initializer_range
+
+
+def test_bert_param_counts():
+    base = count_params(abstract_params(EncoderConfig()))
+    large = count_params(abstract_params(EncoderConfig(
+        num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096)))
+    assert abs(base / 110e6 - 1) < 0.02, base
+    assert abs(large / 335e6 - 1) < 0.03, large
+
+
+def test_flops_per_sequence():
+    large = EncoderConfig(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096)
+    assert abs(flops_per_sequence(EncoderConfig(), 128, 20) / 70e9 - 1) < 0.03
+    assert abs(flops_per_sequence(large, 128, 20) / 241e9 - 1) < 0.03
+    assert abs(flops_per_sequence(large, 512, 76) / 1.02e12 - 1) < 0.03
+
+
+# --- the MLM head --------------------------------------------------------------------
+
+
+def _all_shapes(jaxpr):
+    """Shapes of every value a jaxpr produces, nested jaxprs (jit, custom_vjp, ...) included."""
+    for eqn in jaxpr.eqns:
+        yield from (tuple(v.aval.shape) for v in eqn.outvars)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    yield from _all_shapes(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    yield from _all_shapes(sub)
+
+
+def _largest_array(fn, *args):
+    return max(np.prod(s) for s in _all_shapes(jax.make_jaxpr(fn)(*args).jaxpr))
+
+
+def test_mlm_head_never_builds_full_vocab_logits(tiny):
+    model, variables = tiny
+    batch = make_batch()
+    limit = B * L * TINY.vocab_size
+
+    def loss(variables):
+        out = model.apply(variables, batch, deterministic=False, rngs={"dropout": RNG})
+        return out["mlm_logits"].sum() + out["sentence_logits"].sum()
+
+    assert _largest_array(loss, variables) < limit
+    assert _largest_array(jax.grad(loss), variables) < limit
+
+    # The check itself can see a [B, L, V] array when there is one.
+    def full_logits(variables):
+        encoded = Encoder(TINY).apply({"params": variables["params"]["encoder"]},
+                                      batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                                      deterministic=True)
+        return encoded.sequence_output @ encoded.word_embeddings.T
+
+    assert _largest_array(full_logits, variables) >= limit
+
+
+def _layer_norm(x, p, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def test_mlm_logits_match_reference(tiny):
+    model, variables = tiny
+    batch = make_batch()
+    params = nn.unbox(variables["params"])
+    encoded = Encoder(TINY).apply({"params": params["encoder"]}, batch["input_ids"],
+                                  batch["input_mask"], batch["segment_ids"], deterministic=True)
+    hidden = np.asarray(encoded.sequence_output, np.float64)
+    head = jax.tree.map(lambda x: np.asarray(x, np.float64), params["mlm_head"])
+    table = np.asarray(params["encoder"]["embeddings"]["word_embeddings"]["embedding"], np.float64)
+
+    x = hidden[np.arange(B)[:, None], batch["masked_lm_positions"]]  # [B, P, H]
+    x = x @ head["transform"]["kernel"] + head["transform"]["bias"]
+    x = np.asarray(jax.nn.gelu(x, approximate=False))
+    x = _layer_norm(x, head["transform_layer_norm"], TINY.layer_norm_eps)
+    expected = x @ table.T + head["output_bias"]
+
+    logits = model.apply(variables, batch, deterministic=True)["mlm_logits"]
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+# --- attention -----------------------------------------------------------------------
+
+
+def test_padding_does_not_leak(tiny):
+    model, variables = tiny
+    batch = make_batch(real_len=L - 5)
+    changed = dict(batch, input_ids=batch["input_ids"].copy(), segment_ids=batch["segment_ids"].copy())
+    changed["input_ids"][:, L - 5:] = 7
+    changed["segment_ids"][:, L - 5:] = 1
+
+    def encode(b):
+        return Encoder(TINY).apply({"params": variables["params"]["encoder"]}, b["input_ids"],
+                                   b["input_mask"], b["segment_ids"], deterministic=True)
+
+    before, after = encode(batch), encode(changed)
+    np.testing.assert_allclose(before.sequence_output[:, :L - 5], after.sequence_output[:, :L - 5],
+                               atol=1e-6)
+    assert not np.allclose(before.sequence_output[:, L - 5:], after.sequence_output[:, L - 5:])
+    for key, value in model.apply(variables, batch, deterministic=True).items():
+        np.testing.assert_allclose(value, model.apply(variables, changed, deterministic=True)[key],
+                                   atol=1e-6)
+
+
+def test_packed_examples_do_not_attend_to_each_other(tiny):
+    """A row packing examples of 10 and 8 tokens encodes the second as if it were alone."""
+    _, variables = tiny
+    rs = np.random.RandomState(1)
+    ids = rs.randint(1, TINY.vocab_size, 18).astype(np.int32)
+    zeros = np.zeros(L, np.int32)
+
+    packed_ids, packed_mask, example_ids, positions = zeros.copy(), zeros.copy(), zeros.copy(), zeros.copy()
+    packed_ids[:18], packed_mask[:18] = ids, 1
+    example_ids[:10], example_ids[10:18] = 1, 2
+    positions[:10], positions[10:18] = np.arange(10), np.arange(8)
+    alone_ids, alone_mask = zeros.copy(), zeros.copy()
+    alone_ids[:8], alone_mask[:8] = ids[10:], 1
+
+    def encode(ids, mask, **kwargs):
+        return Encoder(TINY).apply({"params": variables["params"]["encoder"]}, ids[None],
+                                   mask[None], np.zeros((1, L), np.int32), deterministic=True,
+                                   **kwargs).sequence_output[0]
+
+    packed = encode(packed_ids, packed_mask, positions=positions[None], example_ids=example_ids[None])
+    alone = encode(alone_ids, alone_mask)
+    np.testing.assert_allclose(packed[10:18], alone[:8], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+def test_explicit_attention_matches_dot_product_attention(dtype, atol):
+    rs = np.random.RandomState(0)
+    q, k, v = (jnp.asarray(rs.normal(size=(2, L, 2, 16)), dtype) for _ in range(3))
+    input_mask = np.ones((2, L), np.int32)
+    input_mask[1, 15:] = 0
+    example_ids = np.where(np.arange(L) < 9, 1, 2)[None].repeat(2, 0) * input_mask
+    for mask in (attention_mask(input_mask), attention_mask(input_mask, example_ids)):
+        expected = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+        actual = explicit_attention(q, k, v, mask)
+        assert actual.dtype == expected.dtype == dtype
+        np.testing.assert_allclose(np.asarray(actual, np.float32), np.asarray(expected, np.float32),
+                                   atol=atol)
+    dropped = explicit_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=RNG)
+    assert not np.allclose(np.asarray(dropped, np.float32), np.asarray(actual, np.float32))
+
+
+def test_dropout_and_determinism(tiny):
+    model, variables = tiny
+    batch = make_batch()
+
+    def run(model=model, **kwargs):
+        return model.apply(variables, batch, **kwargs)["mlm_logits"]
+
+    reference = run(deterministic=True)
+    np.testing.assert_array_equal(reference, run(deterministic=True))
+    first = run(deterministic=False, rngs={"dropout": jax.random.key(1)})
+    np.testing.assert_array_equal(first, run(deterministic=False, rngs={"dropout": jax.random.key(1)}))
+    assert not np.allclose(first, run(deterministic=False, rngs={"dropout": jax.random.key(2)}))
+    assert not np.allclose(first, reference)
+
+    # Attention dropout alone (the explicit attention path) changes the output ...
+    attention_only = PretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0))
+    assert not np.allclose(
+        run(attention_only, deterministic=False, rngs={"dropout": jax.random.key(1)}), reference)
+    # ... and with all rates 0, training mode is the inference function.
+    no_dropout = PretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0, attention_dropout_rate=0.0))
+    np.testing.assert_allclose(run(no_dropout, deterministic=False), reference, atol=1e-6)
+
+
+# --- sharding --------------------------------------------------------------------------
+
+RULES = (
+    (axes.BATCH, ("data", "fsdp")),
+    (axes.EMBED, "fsdp"),
+    (axes.MLP, "tensor"),
+    (axes.HEADS, "tensor"),
+    (axes.VOCAB, "tensor"),
+    (axes.LENGTH, None),
+    (axes.KV, None),
+    (axes.PREDICTIONS, None),
+)
+
+
+def _step(model):
+    """Deterministic logits, plus loss and gradients with dropout: a train step's work."""
+    def loss_fn(variables, batch, rng):
+        out = model.apply(variables, batch, deterministic=False, rngs={"dropout": rng})
+        return out["mlm_logits"].mean() + out["sentence_logits"].mean()
+
+    def step(variables, batch, rng):
+        return model.apply(variables, batch, deterministic=True), jax.value_and_grad(loss_fn)(
+            variables, batch, rng)
+
+    return jax.jit(step)
+
+
+@pytest.fixture(scope="module")
+def single_device(tiny):
+    model, variables = tiny
+    batch = make_batch(batch_size=8)
+    return batch, variables, _step(model)(variables, batch, RNG)
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
+    model, _ = tiny
+    batch, expected_variables, expected = single_device
+    mesh = jax.make_mesh(mesh_shape, ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+
+    def init_fn(rng):
+        return model.init(rng, batch, deterministic=True)
+
+    with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+        shardings = nn.logical_to_mesh_sharding(
+            nn.get_partition_spec(jax.eval_shape(init_fn, RNG)), mesh, RULES)
+        variables = jax.jit(init_fn, out_shardings=shardings)(RNG)
+        sharded_batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
+        actual = _step(model)(variables, sharded_batch, RNG)
+
+    table = variables["params"]["encoder"]["embeddings"]["word_embeddings"]["embedding"].value
+    assert table.sharding.spec == PartitionSpec("tensor", "fsdp")
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(variables), expected_variables)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), jax.device_get(actual),
+                 expected)
+
+
+# --- CLI ---------------------------------------------------------------------------------
+
+
+def _summary(*args):
+    return subprocess.run([sys.executable, "-m", "models.summary", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_summary_cli():
+    result = _summary("--gin_file=configs/models/bert_base.gin")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ") for line in result.stdout.splitlines())
+    assert abs(int(lines["params"]) / 110e6 - 1) < 0.02
+    assert abs(float(lines["train_gflops_per_sequence"]) / 70 - 1) < 0.03
+    assert float(lines["train_flops_per_token"]) == pytest.approx(
+        float(lines["train_gflops_per_sequence"]) * 1e9 / 128, rel=1e-4)
+
+
+def test_summary_cli_reports_config_errors():
+    result = _summary("--gin_file=configs/models/bert_base.gin",
+                      "--gin_bindings=EncoderConfig.num_heads = 7")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "num_heads" in errors[0]
+    assert "params" not in result.stdout
