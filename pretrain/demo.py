@@ -114,27 +114,26 @@ def _plot(workdir: str, path: str) -> None:
 
 def main(argv):
   del argv
-  import logging
   import gin
   import jax
   import orbax.checkpoint as ocp
   from data import pipeline, preprocess, shards
   from models.encoder import EncoderConfig
-  from pretrain import config_errors, trainer
+  from pretrain import cli, trainer
 
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
+  cli.setup_logging()
   start = time.time()
   workdir = _WORKDIR.value
   data_dir = os.path.join(workdir, "data")
   run_dir = os.path.join(workdir, "run")
-  with config_errors.user_errors():
+  with cli.user_errors():
     print(f"[1/4] WordPiece vocabulary on the embedded corpus -> {workdir}/tokenizer")
     tokenizer = _tokenizer(workdir)
     print(f"[2/4] preprocessing -> {data_dir}")
     manifest = preprocess.preprocess("demo", os.path.join(workdir, "tokenizer"), data_dir, num_shards=4,
                                      eval_fraction=0.05)
     print(f"[3/4] pretraining {_GIN_FILE} -> {run_dir}")
-    config_errors.parse_gin([_GIN_FILE], [f"EncoderConfig.vocab_size = {tokenizer.vocab_size}",
+    cli.parse_gin([_GIN_FILE], [f"EncoderConfig.vocab_size = {tokenizer.vocab_size}",
                                           f"run.data_dir = '{data_dir}'", *_GIN_BINDINGS.value])
     summary = trainer.run(run_dir)
   print("[4/4] report")

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter
 
 from absl import app, flags  # noqa: E402
 
-from pretrain import config_errors  # noqa: E402
+from pretrain import cli  # noqa: E402
 
 _GIN_FILES = flags.DEFINE_multi_string("gin_file", [], "gin files, applied in order")
 _GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "gin bindings, e.g. 'run.steps=100'")
@@ -26,17 +26,15 @@ _MESH = flags.DEFINE_string("mesh", None, "e.g. 'data:4,fsdp:2,tensor:1' (one si
 
 def main(argv):
   del argv
-  import logging
   import jax
   import tensorflow as tf
 
   from pretrain import trainer
 
   tf.config.set_visible_devices([], "GPU")  # tf.data only: keep TF off the accelerators
-  logging.basicConfig(level=logging.INFO if jax.process_index() == 0 else logging.WARNING,
-                      format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
-  with config_errors.user_errors():
-    config_errors.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
+  cli.setup_logging(jax.process_index() == 0)
+  with cli.user_errors():
+    cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
     summary = trainer.run(_WORKDIR.value, mesh_spec=_MESH.value)
   print(f"done: step {summary['step']}  eval loss {summary['loss']:.4f}  "
         f"mlm_accuracy {summary['mlm_accuracy']:.4f}  sentence_accuracy {summary['sentence_accuracy']}  "

@@ -410,7 +410,7 @@ def test_summary_cli():
         float(lines["train_gflops_per_sequence"]) * 1e9 / 128, rel=1e-4)
 
 
-def test_summary_cli_reports_config_errors():
+def test_summary_cli_reports_cli():
     result = _summary("--gin_file=configs/models/bert_base.gin",
                       "--gin_bindings=EncoderConfig.num_heads = 7")
     assert result.returncode == 2

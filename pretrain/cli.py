@@ -1,4 +1,5 @@
-"""gin parsing and user-facing errors for the CLIs: one `error:` line, never a traceback.
+"""Plumbing shared by the command-line entry points (train, demo): gin parsing, logging,
+and user-facing errors as one `error:` line, never a traceback.
 
 Every error a user can cause (a typo in a gin binding, a missing corpus, a vocab-size
 mismatch, a mesh that does not fit) is an exception class with a one-line message;
@@ -8,13 +9,22 @@ mismatch, a mesh that does not fit) is an exception class with a one-line messag
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from typing import Sequence
 
 import gin
 
-from data import corpora, shards, tokenizers
+from data import corpora, preprocess, shards, tokenizers
 from pretrain import checkpointing, sharding
+
+
+def setup_logging(is_main_process: bool = True) -> None:
+  """Our INFO lines on the main process; library chatter (orbax, absl, jax backends) only from WARNING."""
+  logging.basicConfig(level=logging.INFO if is_main_process else logging.WARNING,
+                      format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
+  for chatty in ("absl", "jax._src.xla_bridge", "orbax"):
+    logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> None:
@@ -28,8 +38,8 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> None:
       raise GinError(f"cannot read --gin_file {path}: {e.strerror}") from None
   try:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
-  except (ValueError, KeyError, SyntaxError, gin.config.ParseError if hasattr(gin.config, "ParseError") else ValueError) as e:
-    raise GinError(_first_line(e)) from None
+  except (ValueError, KeyError, SyntaxError) as e:  # gin's parse errors are ValueError / SyntaxError
+    raise GinError(f"{_first_line(e)}: check the spelling in --gin_file / --gin_bindings") from None
 
 
 class GinError(ValueError):
@@ -44,7 +54,7 @@ def _first_line(e: BaseException) -> str:
   return f"{head} ({where})" if where else head
 
 
-USER_ERRORS = (GinError, shards.ShardsError, corpora.CorpusError, tokenizers.TokenizerError,
+USER_ERRORS = (GinError, preprocess.PreprocessError, shards.ShardsError, corpora.CorpusError, tokenizers.TokenizerError,
                sharding.MeshError, checkpointing.CheckpointError)
 
 
@@ -57,9 +67,15 @@ def user_errors():
   except (*USER_ERRORS, TrainError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  except (TypeError, ValueError) as e:
-    # gin reports a binding of a parameter that does not exist when the function is called.
-    if "gin" in str(e) or "configurable" in str(e).lower() or "binding" in str(e).lower():
-      print(f"error: {_first_line(e)}", file=sys.stderr)
-      sys.exit(2)
-    raise
+  except ValueError as e:
+    # A config value rejected when gin calls the configurable (e.g. EncoderConfig checks).
+    if "In call to configurable" not in str(e):
+      raise
+    print(f"error: {_first_line(e)}", file=sys.stderr)
+    sys.exit(2)
+  except RuntimeError as e:
+    # gin raises RuntimeError for a gin.REQUIRED parameter that no file or binding set.
+    if "Required bindings" not in str(e):
+      raise
+    print(f"error: {_first_line(e)}: set them in the gin file or with --gin_bindings", file=sys.stderr)
+    sys.exit(2)
