@@ -6,7 +6,7 @@ WORKDIR ?= workdirs/demo
 # 8 fake CPU devices so sharding tests see a mesh; harmless for the demo (it uses them all).
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: demo test install clean-demo
+.PHONY: demo test install lint clean-demo
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,3 +24,7 @@ test: $(VENV)/.installed
 
 clean-demo:
 	rm -rf $(WORKDIR)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .

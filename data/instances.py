@@ -53,202 +53,218 @@ _SALT_TRUNCATE = 4
 
 
 def derive_seed(seed: tf.Tensor, *parts) -> tf.Tensor:
-  """Folds integers into a stateless seed. seed: [2] int64 -> [2] int64."""
-  seed = tf.cast(seed, tf.int64)
-  for part in parts:
-    seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(part, tf.int64))
-  return seed
+    """Folds integers into a stateless seed. seed: [2] int64 -> [2] int64."""
+    seed = tf.cast(seed, tf.int64)
+    for part in parts:
+        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(part, tf.int64))
+    return seed
 
 
 def parse_document(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-  """Parses one document record written by `data.preprocess`.
+    """Parses one document record written by `data.preprocess`.
 
-  Returns token_ids [T] int32, sentence_lengths [S] int32, doc_id [] int64.
-  """
-  parsed = tf.io.parse_single_example(
-      serialized,
-      {
-          "token_ids": tf.io.RaggedFeature(tf.int64),
-          "sentence_lengths": tf.io.RaggedFeature(tf.int64),
-          "doc_id": tf.io.FixedLenFeature([], tf.int64),
-      },
-  )
-  return {
-      "token_ids": tf.cast(parsed["token_ids"], tf.int32),
-      "sentence_lengths": tf.cast(parsed["sentence_lengths"], tf.int32),
-      "doc_id": parsed["doc_id"],
-  }
+    Returns token_ids [T] int32, sentence_lengths [S] int32, doc_id [] int64.
+    """
+    parsed = tf.io.parse_single_example(
+        serialized,
+        {
+            "token_ids": tf.io.RaggedFeature(tf.int64),
+            "sentence_lengths": tf.io.RaggedFeature(tf.int64),
+            "doc_id": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    return {
+        "token_ids": tf.cast(parsed["token_ids"], tf.int32),
+        "sentence_lengths": tf.cast(parsed["sentence_lengths"], tf.int32),
+        "doc_id": parsed["doc_id"],
+    }
 
 
 def _uniform(seed: tf.Tensor, shape) -> tf.Tensor:
-  return tf.random.stateless_uniform(shape, seed=seed, dtype=tf.float32)
+    return tf.random.stateless_uniform(shape, seed=seed, dtype=tf.float32)
 
 
 def _randint(u: tf.Tensor, low: tf.Tensor, high: tf.Tensor) -> tf.Tensor:
-  """Maps u ~ U[0, 1) to an integer in [low, high] inclusive (like random.randint)."""
-  low = tf.cast(low, tf.int32)
-  span = tf.cast(high, tf.int32) - low + 1
-  return low + tf.minimum(tf.cast(u * tf.cast(span, tf.float32), tf.int32), span - 1)
+    """Maps u ~ U[0, 1) to an integer in [low, high] inclusive (like random.randint)."""
+    low = tf.cast(low, tf.int32)
+    span = tf.cast(high, tf.int32) - low + 1
+    return low + tf.minimum(tf.cast(u * tf.cast(span, tf.float32), tf.int32), span - 1)
 
 
-def chunk_document(doc: Features, *, seed: tf.Tensor, max_seq_length: int,
-                   short_seq_prob: float, random_next_prob: float = 0.5) -> dict[str, tf.Tensor]:
-  """BERT's chunking loop for one document (stage 2 in the module docstring).
+def chunk_document(
+    doc: Features,
+    *,
+    seed: tf.Tensor,
+    max_seq_length: int,
+    short_seq_prob: float,
+    random_next_prob: float = 0.5,
+) -> dict[str, tf.Tensor]:
+    """BERT's chunking loop for one document (stage 2 in the module docstring).
 
-  Args:
-    doc: token_ids [T] int32, sentence_lengths [S] int32 (all > 0), doc_id [] int64.
-    seed: [2] int64 stateless seed for this document and epoch copy.
-    max_seq_length: full row length including [CLS] and two [SEP].
-    short_seq_prob: probability of a random shorter target length for the document.
-    random_next_prob: probability of NotNext for chunks of >= 2 sentences (0 disables
-      NotNext except for one-sentence chunks, which have no B of their own).
+    Args:
+      doc: token_ids [T] int32, sentence_lengths [S] int32 (all > 0), doc_id [] int64.
+      seed: [2] int64 stateless seed for this document and epoch copy.
+      max_seq_length: full row length including [CLS] and two [SEP].
+      short_seq_prob: probability of a random shorter target length for the document.
+      random_next_prob: probability of NotNext for chunks of >= 2 sentences (0 disables
+        NotNext except for one-sentence chunks, which have no B of their own).
 
-  Returns:
-    A dict of C rows (C = number of chunks): a_tokens [C, None] int32 ragged,
-    b_tokens [C, None] int32 ragged (empty rows for NotNext), is_random_next [C] bool,
-    target_b_length [C] int32, chunk_index [C] int32, doc_id [C] int64.
-  """
-  lengths = doc["sentence_lengths"]
-  num_sentences = tf.shape(lengths)[0]
-  max_num_tokens = max_seq_length - 3
-  target_draws = _uniform(derive_seed(seed, _SALT_TARGET), [2])
-  target_seq_length = tf.where(
-      target_draws[0] < short_seq_prob,
-      _randint(target_draws[1], 2, max_num_tokens),
-      tf.constant(max_num_tokens, tf.int32))
-  # Each chunk consumes at least one sentence, so S rows of draws always suffice.
-  draws = _uniform(derive_seed(seed, _SALT_CHUNK), tf.stack([num_sentences, 2]))
-  ends = tf.cumsum(lengths)  # ends[i] = token offset just after sentence i
+    Returns:
+      A dict of C rows (C = number of chunks): a_tokens [C, None] int32 ragged,
+      b_tokens [C, None] int32 ragged (empty rows for NotNext), is_random_next [C] bool,
+      target_b_length [C] int32, chunk_index [C] int32, doc_id [C] int64.
+    """
+    lengths = doc["sentence_lengths"]
+    num_sentences = tf.shape(lengths)[0]
+    max_num_tokens = max_seq_length - 3
+    target_draws = _uniform(derive_seed(seed, _SALT_TARGET), [2])
+    target_seq_length = tf.where(
+        target_draws[0] < short_seq_prob,
+        _randint(target_draws[1], 2, max_num_tokens),
+        tf.constant(max_num_tokens, tf.int32),
+    )
+    # Each chunk consumes at least one sentence, so S rows of draws always suffice.
+    draws = _uniform(derive_seed(seed, _SALT_CHUNK), tf.stack([num_sentences, 2]))
+    ends = tf.cumsum(lengths)  # ends[i] = token offset just after sentence i
 
-  def body(i, chunk_start, chunk_index, out):
-    chunk_len = ends[i] - tf.where(chunk_start > 0, ends[chunk_start - 1], 0)
-    close = tf.logical_or(i == num_sentences - 1, chunk_len >= target_seq_length)
+    def body(i, chunk_start, chunk_index, out):
+        chunk_len = ends[i] - tf.where(chunk_start > 0, ends[chunk_start - 1], 0)
+        close = tf.logical_or(i == num_sentences - 1, chunk_len >= target_seq_length)
 
-    def emit():
-      n = i + 1 - chunk_start
-      a_count = tf.where(n >= 2, _randint(draws[chunk_index, 0], 1, n - 1), 1)
-      a_end = chunk_start + a_count
-      is_random = tf.logical_or(n == 1, draws[chunk_index, 1] < random_next_prob)
-      a_tokens = ends[a_end - 1] - tf.where(chunk_start > 0, ends[chunk_start - 1], 0)
-      row = tf.stack([
-          chunk_start, a_end, a_end, tf.where(is_random, a_end, i + 1),
-          tf.cast(is_random, tf.int32), target_seq_length - a_tokens])
-      # NotNext puts the unused sentences back: the next chunk starts right after A.
-      next_i = tf.where(is_random, a_end, i + 1)
-      return next_i, next_i, chunk_index + 1, out.write(chunk_index, row)
+        def emit():
+            n = i + 1 - chunk_start
+            a_count = tf.where(n >= 2, _randint(draws[chunk_index, 0], 1, n - 1), 1)
+            a_end = chunk_start + a_count
+            is_random = tf.logical_or(n == 1, draws[chunk_index, 1] < random_next_prob)
+            a_tokens = ends[a_end - 1] - tf.where(chunk_start > 0, ends[chunk_start - 1], 0)
+            row = tf.stack(
+                [
+                    chunk_start,
+                    a_end,
+                    a_end,
+                    tf.where(is_random, a_end, i + 1),
+                    tf.cast(is_random, tf.int32),
+                    target_seq_length - a_tokens,
+                ]
+            )
+            # NotNext puts the unused sentences back: the next chunk starts right after A.
+            next_i = tf.where(is_random, a_end, i + 1)
+            return next_i, next_i, chunk_index + 1, out.write(chunk_index, row)
 
-    def carry_on():
-      return i + 1, chunk_start, chunk_index, out
+        def carry_on():
+            return i + 1, chunk_start, chunk_index, out
 
-    return tf.cond(close, emit, carry_on)
+        return tf.cond(close, emit, carry_on)
 
-  out = tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[6])
-  _, _, num_chunks, out = tf.while_loop(
-      lambda i, *_: i < num_sentences, body,
-      (tf.constant(0), tf.constant(0), tf.constant(0), out))
-  rows = tf.reshape(out.stack(), [-1, 6])
-  starts = tf.concat([[0], ends], axis=0)  # starts[j] = token offset of sentence j
-  token_ids = doc["token_ids"]
+    out = tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[6])
+    _, _, num_chunks, out = tf.while_loop(
+        lambda i, *_: i < num_sentences, body, (tf.constant(0), tf.constant(0), tf.constant(0), out)
+    )
+    rows = tf.reshape(out.stack(), [-1, 6])
+    starts = tf.concat([[0], ends], axis=0)  # starts[j] = token offset of sentence j
+    token_ids = doc["token_ids"]
 
-  def token_span(first_sentence, end_sentence):
-    return tf.gather(token_ids, tf.ragged.range(tf.gather(starts, first_sentence),
-                                                tf.gather(starts, end_sentence)))
+    def token_span(first_sentence, end_sentence):
+        return tf.gather(
+            token_ids, tf.ragged.range(tf.gather(starts, first_sentence), tf.gather(starts, end_sentence))
+        )
 
-  return {
-      "a_tokens": token_span(rows[:, 0], rows[:, 1]),
-      "b_tokens": token_span(rows[:, 2], rows[:, 3]),
-      "is_random_next": tf.cast(rows[:, 4], tf.bool),
-      "target_b_length": rows[:, 5],
-      "chunk_index": tf.range(num_chunks),
-      "doc_id": tf.fill([num_chunks], doc["doc_id"]),
-  }
+    return {
+        "a_tokens": token_span(rows[:, 0], rows[:, 1]),
+        "b_tokens": token_span(rows[:, 2], rows[:, 3]),
+        "is_random_next": tf.cast(rows[:, 4], tf.bool),
+        "target_b_length": rows[:, 5],
+        "chunk_index": tf.range(num_chunks),
+        "doc_id": tf.fill([num_chunks], doc["doc_id"]),
+    }
 
 
 def attach_random_b(chunk: Features, candidates: Features, *, seed: tf.Tensor) -> dict[str, tf.Tensor]:
-  """Fills B of a NotNext chunk from a random other document (stage 3).
+    """Fills B of a NotNext chunk from a random other document (stage 3).
 
-  Args:
-    chunk: one row of `chunk_document` (a_tokens [A], b_tokens [B], is_random_next,
-      target_b_length, chunk_index, doc_id).
-    candidates: two documents, token_ids [2, None] ragged int32, sentence_lengths
-      [2, None] ragged int32, doc_id [2] int64.
-    seed: [2] int64 seed of this chunk.
+    Args:
+      chunk: one row of `chunk_document` (a_tokens [A], b_tokens [B], is_random_next,
+        target_b_length, chunk_index, doc_id).
+      candidates: two documents, token_ids [2, None] ragged int32, sentence_lengths
+        [2, None] ragged int32, doc_id [2] int64.
+      seed: [2] int64 seed of this chunk.
 
-  Returns:
-    The chunk with b_tokens filled for NotNext, `b_doc_id` [] int64 (the document B
-    came from) and `valid` [] bool (False only if no other document was available).
-  """
-  ids = candidates["doc_id"]
-  use_second = tf.equal(ids[0], chunk["doc_id"])
-  pick = tf.cast(use_second, tf.int32)
-  token_ids = candidates["token_ids"][pick]
-  lengths = candidates["sentence_lengths"][pick]
-  other_doc = tf.not_equal(ids[pick], chunk["doc_id"])
+    Returns:
+      The chunk with b_tokens filled for NotNext, `b_doc_id` [] int64 (the document B
+      came from) and `valid` [] bool (False only if no other document was available).
+    """
+    ids = candidates["doc_id"]
+    use_second = tf.equal(ids[0], chunk["doc_id"])
+    pick = tf.cast(use_second, tf.int32)
+    token_ids = candidates["token_ids"][pick]
+    lengths = candidates["sentence_lengths"][pick]
+    other_doc = tf.not_equal(ids[pick], chunk["doc_id"])
 
-  num_sentences = tf.shape(lengths)[0]
-  start = _randint(_uniform(derive_seed(seed, _SALT_RANDOM_B), [1])[0], 0, num_sentences - 1)
-  # Take sentences from `start` until at least target_b_length tokens (or the end).
-  taken = tf.cumsum(lengths[start:])
-  count = tf.minimum(
-      tf.reduce_sum(tf.cast(taken < chunk["target_b_length"], tf.int32)) + 1,
-      num_sentences - start)
-  offsets = tf.concat([[0], tf.cumsum(lengths)], axis=0)
-  random_b = token_ids[offsets[start]:offsets[start + count]]
+    num_sentences = tf.shape(lengths)[0]
+    start = _randint(_uniform(derive_seed(seed, _SALT_RANDOM_B), [1])[0], 0, num_sentences - 1)
+    # Take sentences from `start` until at least target_b_length tokens (or the end).
+    taken = tf.cumsum(lengths[start:])
+    count = tf.minimum(
+        tf.reduce_sum(tf.cast(taken < chunk["target_b_length"], tf.int32)) + 1, num_sentences - start
+    )
+    offsets = tf.concat([[0], tf.cumsum(lengths)], axis=0)
+    random_b = token_ids[offsets[start] : offsets[start + count]]
 
-  is_random = chunk["is_random_next"]
-  out = dict(chunk)
-  out["b_tokens"] = tf.cond(is_random, lambda: random_b, lambda: chunk["b_tokens"])
-  out["b_doc_id"] = tf.where(is_random, ids[pick], chunk["doc_id"])
-  out["valid"] = tf.logical_or(tf.logical_not(is_random), other_doc)
-  return out
+    is_random = chunk["is_random_next"]
+    out = dict(chunk)
+    out["b_tokens"] = tf.cond(is_random, lambda: random_b, lambda: chunk["b_tokens"])
+    out["b_doc_id"] = tf.where(is_random, ids[pick], chunk["doc_id"])
+    out["valid"] = tf.logical_or(tf.logical_not(is_random), other_doc)
+    return out
 
 
 def truncate_pair(pair: Features, *, seed: tf.Tensor, max_num_tokens: int) -> dict[str, tf.Tensor]:
-  """BERT's truncate_seq_pair in closed form (stage 4).
+    """BERT's truncate_seq_pair in closed form (stage 4).
 
-  pair: a_tokens [A] int32, b_tokens [B] int32. Returns the pair with both
-  truncated so that len(A) + len(B) <= max_num_tokens.
-  """
-  a, b = pair["a_tokens"], pair["b_tokens"]
-  len_a, len_b = tf.size(a), tf.size(b)
-  excess = tf.maximum(len_a + len_b - max_num_tokens, 0)
-  # The original always trims the longer side (B on ties). Until the two are equal
-  # only the longer loses tokens; after that they alternate, B first.
-  gap = tf.abs(len_a - len_b)
-  from_longer = tf.minimum(excess, gap)
-  rest = excess - from_longer
-  a_loses = tf.where(len_a > len_b, from_longer, 0) + rest // 2
-  b_loses = tf.where(len_a > len_b, 0, from_longer) + (rest + 1) // 2
-  coins = _uniform(derive_seed(seed, _SALT_TRUNCATE), tf.stack([2, tf.maximum(len_a, len_b)])) < 0.5
-  a_front = tf.reduce_sum(tf.cast(coins[0, :a_loses], tf.int32))
-  b_front = tf.reduce_sum(tf.cast(coins[1, :b_loses], tf.int32))
-  out = dict(pair)
-  out["a_tokens"] = a[a_front:len_a - (a_loses - a_front)]
-  out["b_tokens"] = b[b_front:len_b - (b_loses - b_front)]
-  return out
+    pair: a_tokens [A] int32, b_tokens [B] int32. Returns the pair with both
+    truncated so that len(A) + len(B) <= max_num_tokens.
+    """
+    a, b = pair["a_tokens"], pair["b_tokens"]
+    len_a, len_b = tf.size(a), tf.size(b)
+    excess = tf.maximum(len_a + len_b - max_num_tokens, 0)
+    # The original always trims the longer side (B on ties). Until the two are equal
+    # only the longer loses tokens; after that they alternate, B first.
+    gap = tf.abs(len_a - len_b)
+    from_longer = tf.minimum(excess, gap)
+    rest = excess - from_longer
+    a_loses = tf.where(len_a > len_b, from_longer, 0) + rest // 2
+    b_loses = tf.where(len_a > len_b, 0, from_longer) + (rest + 1) // 2
+    coins = _uniform(derive_seed(seed, _SALT_TRUNCATE), tf.stack([2, tf.maximum(len_a, len_b)])) < 0.5
+    a_front = tf.reduce_sum(tf.cast(coins[0, :a_loses], tf.int32))
+    b_front = tf.reduce_sum(tf.cast(coins[1, :b_loses], tf.int32))
+    out = dict(pair)
+    out["a_tokens"] = a[a_front : len_a - (a_loses - a_front)]
+    out["b_tokens"] = b[b_front : len_b - (b_loses - b_front)]
+    return out
 
 
-def format_pair(pair: Features, *, max_seq_length: int, cls_id: int, sep_id: int,
-                pad_id: int) -> dict[str, tf.Tensor]:
-  """`[CLS] A [SEP] B [SEP]` padded to max_seq_length (stage 5).
+def format_pair(
+    pair: Features, *, max_seq_length: int, cls_id: int, sep_id: int, pad_id: int
+) -> dict[str, tf.Tensor]:
+    """`[CLS] A [SEP] B [SEP]` padded to max_seq_length (stage 5).
 
-  pair: a_tokens [A] int32, b_tokens [B] int32 (A + B <= max_seq_length - 3),
-  is_random_next [] bool. Returns input_ids, input_mask, segment_ids, positions
-  (all [max_seq_length] int32) and sentence_label [] int32 (1 = NotNext).
-  """
-  a, b = pair["a_tokens"], pair["b_tokens"]
-  cls, sep = tf.constant([cls_id], tf.int32), tf.constant([sep_id], tf.int32)
-  tokens = tf.concat([cls, a, sep, b, sep], axis=0)
-  n = tf.size(tokens)
-  pad = max_seq_length - n
-  segment = tf.concat([tf.zeros([tf.size(a) + 2], tf.int32), tf.ones([tf.size(b) + 1], tf.int32)], 0)
-  result = {
-      "input_ids": tf.pad(tokens, [[0, pad]], constant_values=pad_id),
-      "input_mask": tf.pad(tf.ones([n], tf.int32), [[0, pad]]),
-      "segment_ids": tf.pad(segment, [[0, pad]]),
-      "positions": tf.range(max_seq_length, dtype=tf.int32),
-      "sentence_label": tf.cast(pair["is_random_next"], tf.int32),
-  }
-  for key in ("input_ids", "input_mask", "segment_ids"):
-    result[key] = tf.ensure_shape(result[key], [max_seq_length])
-  return result
+    pair: a_tokens [A] int32, b_tokens [B] int32 (A + B <= max_seq_length - 3),
+    is_random_next [] bool. Returns input_ids, input_mask, segment_ids, positions
+    (all [max_seq_length] int32) and sentence_label [] int32 (1 = NotNext).
+    """
+    a, b = pair["a_tokens"], pair["b_tokens"]
+    cls, sep = tf.constant([cls_id], tf.int32), tf.constant([sep_id], tf.int32)
+    tokens = tf.concat([cls, a, sep, b, sep], axis=0)
+    n = tf.size(tokens)
+    pad = max_seq_length - n
+    segment = tf.concat([tf.zeros([tf.size(a) + 2], tf.int32), tf.ones([tf.size(b) + 1], tf.int32)], 0)
+    result = {
+        "input_ids": tf.pad(tokens, [[0, pad]], constant_values=pad_id),
+        "input_mask": tf.pad(tf.ones([n], tf.int32), [[0, pad]]),
+        "segment_ids": tf.pad(segment, [[0, pad]]),
+        "positions": tf.range(max_seq_length, dtype=tf.int32),
+        "sentence_label": tf.cast(pair["is_random_next"], tf.int32),
+    }
+    for key in ("input_ids", "input_mask", "segment_ids"):
+        result[key] = tf.ensure_shape(result[key], [max_seq_length])
+    return result

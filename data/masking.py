@@ -23,62 +23,69 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 
 
-def mask_tokens(row: Mapping[str, tf.Tensor], *, seed: tf.Tensor, vocab_size: int, mask_id: int,
-                never_mask_ids: Sequence[int], masked_lm_prob: float,
-                max_predictions_per_seq: int) -> dict[str, tf.Tensor]:
-  """Applies BERT MLM masking to one row.
+def mask_tokens(
+    row: Mapping[str, tf.Tensor],
+    *,
+    seed: tf.Tensor,
+    vocab_size: int,
+    mask_id: int,
+    never_mask_ids: Sequence[int],
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+) -> dict[str, tf.Tensor]:
+    """Applies BERT MLM masking to one row.
 
-  Args:
-    row: input_ids [L] int32, input_mask [L] int32 (other keys pass through).
-    seed: [2] int64 stateless seed for this row.
-    vocab_size: random replacements are drawn uniformly from [0, vocab_size).
-    mask_id: id of [MASK].
-    never_mask_ids: ids that are never chosen ([CLS], [SEP]; padding is excluded
-      through input_mask).
-    masked_lm_prob: fraction of tokens to predict (0.15).
-    max_predictions_per_seq: P, the cap and the padded length of the outputs.
+    Args:
+      row: input_ids [L] int32, input_mask [L] int32 (other keys pass through).
+      seed: [2] int64 stateless seed for this row.
+      vocab_size: random replacements are drawn uniformly from [0, vocab_size).
+      mask_id: id of [MASK].
+      never_mask_ids: ids that are never chosen ([CLS], [SEP]; padding is excluded
+        through input_mask).
+      masked_lm_prob: fraction of tokens to predict (0.15).
+      max_predictions_per_seq: P, the cap and the padded length of the outputs.
 
-  Returns:
-    The row with input_ids replaced, plus masked_lm_positions [P] int32,
-    masked_lm_ids [P] int32, masked_lm_weights [P] float32 (1.0 real, 0.0 padding).
-  """
-  input_ids = row["input_ids"]
-  length = input_ids.shape[0]
-  real = tf.cast(row["input_mask"], tf.bool)
-  candidate = real
-  for token in never_mask_ids:
-    candidate = tf.logical_and(candidate, tf.not_equal(input_ids, token))
+    Returns:
+      The row with input_ids replaced, plus masked_lm_positions [P] int32,
+      masked_lm_ids [P] int32, masked_lm_weights [P] float32 (1.0 real, 0.0 padding).
+    """
+    input_ids = row["input_ids"]
+    length = input_ids.shape[0]
+    real = tf.cast(row["input_mask"], tf.bool)
+    candidate = real
+    for token in never_mask_ids:
+        candidate = tf.logical_and(candidate, tf.not_equal(input_ids, token))
 
-  num_real = tf.reduce_sum(tf.cast(real, tf.float32))
-  num_to_predict = tf.minimum(
-      max_predictions_per_seq,
-      tf.maximum(1, tf.cast(tf.round(num_real * masked_lm_prob), tf.int32)))
-  num_to_predict = tf.minimum(num_to_predict, tf.reduce_sum(tf.cast(candidate, tf.int32)))
+    num_real = tf.reduce_sum(tf.cast(real, tf.float32))
+    num_to_predict = tf.minimum(
+        max_predictions_per_seq, tf.maximum(1, tf.cast(tf.round(num_real * masked_lm_prob), tf.int32))
+    )
+    num_to_predict = tf.minimum(num_to_predict, tf.reduce_sum(tf.cast(candidate, tf.int32)))
 
-  seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
-  scores = tf.random.stateless_uniform([length], seed=seeds[0])
-  scores = tf.where(candidate, scores, -1.0)  # uniform scores are >= 0: candidates first
-  k = min(max_predictions_per_seq, length)
-  _, top = tf.math.top_k(scores, k=k)
-  is_prediction = tf.range(k) < num_to_predict
-  # Sort the chosen positions ascending; unused slots sort to the end.
-  key = tf.where(is_prediction, top, length + tf.range(k))
-  positions = tf.sort(key)
-  positions = tf.where(tf.range(k) < num_to_predict, positions, 0)
-  original = tf.gather(input_ids, positions)
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
+    scores = tf.random.stateless_uniform([length], seed=seeds[0])
+    scores = tf.where(candidate, scores, -1.0)  # uniform scores are >= 0: candidates first
+    k = min(max_predictions_per_seq, length)
+    _, top = tf.math.top_k(scores, k=k)
+    is_prediction = tf.range(k) < num_to_predict
+    # Sort the chosen positions ascending; unused slots sort to the end.
+    key = tf.where(is_prediction, top, length + tf.range(k))
+    positions = tf.sort(key)
+    positions = tf.where(tf.range(k) < num_to_predict, positions, 0)
+    original = tf.gather(input_ids, positions)
 
-  action = tf.random.stateless_uniform([k], seed=seeds[1])
-  random_ids = tf.random.stateless_uniform([k], seed=seeds[2], maxval=vocab_size, dtype=tf.int32)
-  # Same two coin flips as the original: 80% [MASK]; of the rest, half keep, half random.
-  replacement = tf.where(action < 0.8, mask_id, tf.where(action < 0.9, original, random_ids))
-  valid_positions = tf.boolean_mask(positions, is_prediction)
-  valid_replacement = tf.boolean_mask(replacement, is_prediction)
-  masked_input = tf.tensor_scatter_nd_update(input_ids, valid_positions[:, None], valid_replacement)
+    action = tf.random.stateless_uniform([k], seed=seeds[1])
+    random_ids = tf.random.stateless_uniform([k], seed=seeds[2], maxval=vocab_size, dtype=tf.int32)
+    # Same two coin flips as the original: 80% [MASK]; of the rest, half keep, half random.
+    replacement = tf.where(action < 0.8, mask_id, tf.where(action < 0.9, original, random_ids))
+    valid_positions = tf.boolean_mask(positions, is_prediction)
+    valid_replacement = tf.boolean_mask(replacement, is_prediction)
+    masked_input = tf.tensor_scatter_nd_update(input_ids, valid_positions[:, None], valid_replacement)
 
-  pad = max_predictions_per_seq - k
-  out = dict(row)
-  out["input_ids"] = masked_input
-  out["masked_lm_positions"] = tf.pad(positions, [[0, pad]])
-  out["masked_lm_ids"] = tf.pad(tf.where(is_prediction, original, 0), [[0, pad]])
-  out["masked_lm_weights"] = tf.pad(tf.cast(is_prediction, tf.float32), [[0, pad]])
-  return out
+    pad = max_predictions_per_seq - k
+    out = dict(row)
+    out["input_ids"] = masked_input
+    out["masked_lm_positions"] = tf.pad(positions, [[0, pad]])
+    out["masked_lm_ids"] = tf.pad(tf.where(is_prediction, original, 0), [[0, pad]])
+    out["masked_lm_weights"] = tf.pad(tf.cast(is_prediction, tf.float32), [[0, pad]])
+    return out

@@ -39,204 +39,257 @@ _BATCH_DOCUMENTS = 64
 
 
 class PreprocessError(ValueError):
-  """A user-facing problem with the inputs of preprocessing (one line)."""
+    """A user-facing problem with the inputs of preprocessing (one line)."""
 
 
 @dataclasses.dataclass
 class SplitStats:
-  documents: int = 0
-  sentences: int = 0
-  tokens: int = 0
-  single_sentence_documents: int = 0
+    documents: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    single_sentence_documents: int = 0
 
 
 def _fingerprint(corpus: str, tokenizer_identity: dict, flags: dict) -> str:
-  """Hash of everything the output depends on: corpus files (path, size, mtime), tokenizer, options."""
-  parts = [f"v{shards.FORMAT_VERSION}", corpus, json.dumps(tokenizer_identity, sort_keys=True),
-           json.dumps(flags, sort_keys=True)]
-  if corpus != "demo" and not corpus.startswith("tfds:"):
-    for pattern in corpus.split(","):
-      for path in sorted(tf.io.gfile.glob(pattern.strip())):
-        stat = tf.io.gfile.stat(path)
-        parts.append(f"{path}:{stat.length}:{stat.mtime_nsec}")
-  else:
-    parts.append(sys.version)  # the demo corpus comes from this Python's documentation
-  return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    """Hash of everything the output depends on: corpus files (path, size, mtime), tokenizer, options."""
+    parts = [
+        f"v{shards.FORMAT_VERSION}",
+        corpus,
+        json.dumps(tokenizer_identity, sort_keys=True),
+        json.dumps(flags, sort_keys=True),
+    ]
+    if corpus != "demo" and not corpus.startswith("tfds:"):
+        for pattern in corpus.split(","):
+            for path in sorted(tf.io.gfile.glob(pattern.strip())):
+                stat = tf.io.gfile.stat(path)
+                parts.append(f"{path}:{stat.length}:{stat.mtime_nsec}")
+    else:
+        parts.append(sys.version)  # the demo corpus comes from this Python's documentation
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 _worker_tokenizer = None
 
 
 def _init_worker(tokenizer_path: str) -> None:
-  global _worker_tokenizer
-  _worker_tokenizer = tokenizers.load_tokenizer(tokenizer_path)
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizers.load_tokenizer(tokenizer_path)
 
 
 def _tokenize_batch(batch: Sequence[tuple[int, list[str]]]) -> list[tuple[int, list[list[int]], int]]:
-  """Tokenizes documents in a worker. Returns (doc_id, sentences' ids, empty sentences dropped)."""
-  flat = [s for _, sentences in batch for s in sentences]
-  encoded = iter(_worker_tokenizer.encode_batch(flat))
-  out = []
-  for doc_id, sentences in batch:
-    ids = [next(encoded) for _ in sentences]
-    kept = [s for s in ids if s]
-    out.append((doc_id, kept, len(ids) - len(kept)))
-  return out
+    """Tokenizes documents in a worker. Returns (doc_id, sentences' ids, empty sentences dropped)."""
+    flat = [s for _, sentences in batch for s in sentences]
+    encoded = iter(_worker_tokenizer.encode_batch(flat))
+    out = []
+    for doc_id, sentences in batch:
+        ids = [next(encoded) for _ in sentences]
+        kept = [s for s in ids if s]
+        out.append((doc_id, kept, len(ids) - len(kept)))
+    return out
 
 
-def _document_batches(corpus: str, eval_fraction: float, corpus_kwargs: dict
-                      ) -> Iterator[tuple[list[tuple[int, list[str]]], list[bool], list[str]]]:
-  batch, heldout, sources = [], [], []
-  for doc_id, doc in enumerate(corpora.iter_documents(corpus, **corpus_kwargs)):
-    batch.append((doc_id, list(doc.sentences)))
-    heldout.append(corpora.is_heldout(doc, eval_fraction))
-    sources.append(doc.source)
-    if len(batch) == _BATCH_DOCUMENTS:
-      yield batch, heldout, sources
-      batch, heldout, sources = [], [], []
-  if batch:
-    yield batch, heldout, sources
+def _document_batches(
+    corpus: str, eval_fraction: float, corpus_kwargs: dict
+) -> Iterator[tuple[list[tuple[int, list[str]]], list[bool], list[str]]]:
+    batch, heldout, sources = [], [], []
+    for doc_id, doc in enumerate(corpora.iter_documents(corpus, **corpus_kwargs)):
+        batch.append((doc_id, list(doc.sentences)))
+        heldout.append(corpora.is_heldout(doc, eval_fraction))
+        sources.append(doc.source)
+        if len(batch) == _BATCH_DOCUMENTS:
+            yield batch, heldout, sources
+            batch, heldout, sources = [], [], []
+    if batch:
+        yield batch, heldout, sources
 
 
-def preprocess(corpus: str, tokenizer_path: str, output: str, *, num_shards: int = 8,
-               num_eval_shards: int = 1, eval_fraction: float = 0.02, num_workers: int | None = None,
-               max_single_sentence_fraction: float = 0.5, overwrite: bool = False,
-               corpus_kwargs: dict | None = None, log=print) -> dict:
-  """Writes the shards and the manifest; returns the manifest. See the module docstring."""
-  corpus_kwargs = corpus_kwargs or {}
-  tokenizer = tokenizers.load_tokenizer(tokenizer_path)
-  options = dict(num_shards=num_shards, num_eval_shards=num_eval_shards,
-                 eval_fraction=eval_fraction, **{k: str(v) for k, v in corpus_kwargs.items()})
-  fingerprint = _fingerprint(corpus, tokenizer.identity(), options)
-  manifest_path = os.path.join(output, shards.MANIFEST)
-  if tf.io.gfile.exists(manifest_path):
-    existing = shards.load_manifest(output)
-    if existing.get("fingerprint") == fingerprint:
-      log(f"{output} is up to date ({existing['splits']['train']['documents']} train documents); nothing to do")
-      return existing
-    if not overwrite:
-      raise PreprocessError(
-          f"'{output}' already holds shards of another corpus, tokenizer or options: "
-          "pass --overwrite to replace them, or choose another --output")
-    tf.io.gfile.remove(manifest_path)
-  tf.io.gfile.makedirs(output)
+def preprocess(
+    corpus: str,
+    tokenizer_path: str,
+    output: str,
+    *,
+    num_shards: int = 8,
+    num_eval_shards: int = 1,
+    eval_fraction: float = 0.02,
+    num_workers: int | None = None,
+    max_single_sentence_fraction: float = 0.5,
+    overwrite: bool = False,
+    corpus_kwargs: dict | None = None,
+    log=print,
+) -> dict:
+    """Writes the shards and the manifest; returns the manifest. See the module docstring."""
+    corpus_kwargs = corpus_kwargs or {}
+    tokenizer = tokenizers.load_tokenizer(tokenizer_path)
+    options = dict(
+        num_shards=num_shards,
+        num_eval_shards=num_eval_shards,
+        eval_fraction=eval_fraction,
+        **{k: str(v) for k, v in corpus_kwargs.items()},
+    )
+    fingerprint = _fingerprint(corpus, tokenizer.identity(), options)
+    manifest_path = os.path.join(output, shards.MANIFEST)
+    if tf.io.gfile.exists(manifest_path):
+        existing = shards.load_manifest(output)
+        if existing.get("fingerprint") == fingerprint:
+            log(
+                f"{output} is up to date "
+                f"({existing['splits']['train']['documents']} train documents); nothing to do"
+            )
+            return existing
+        if not overwrite:
+            raise PreprocessError(
+                f"'{output}' already holds shards of another corpus, tokenizer or options: "
+                "pass --overwrite to replace them, or choose another --output"
+            )
+        tf.io.gfile.remove(manifest_path)
+    tf.io.gfile.makedirs(output)
 
-  start = time.time()
-  counts = {"train": num_shards, "eval": num_eval_shards}
-  writers = {split: [tf.io.TFRecordWriter(os.path.join(output, shards.shard_name(split, i, n)))
-                     for i in range(n)] for split, n in counts.items()}
-  stats = {split: SplitStats() for split in counts}
-  next_shard = collections.Counter()
-  first_single = None
-  dropped_sentences = 0
-  dropped_documents = 0
-  num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
+    start = time.time()
+    counts = {"train": num_shards, "eval": num_eval_shards}
+    writers = {
+        split: [tf.io.TFRecordWriter(os.path.join(output, shards.shard_name(split, i, n))) for i in range(n)]
+        for split, n in counts.items()
+    }
+    stats = {split: SplitStats() for split in counts}
+    next_shard = collections.Counter()
+    first_single = None
+    dropped_sentences = 0
+    dropped_documents = 0
+    num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
 
-  def write(results, heldout, sources):
-    nonlocal first_single, dropped_sentences, dropped_documents
-    for (doc_id, sentences, dropped), is_eval, source in zip(results, heldout, sources):
-      dropped_sentences += dropped
-      if not sentences:
-        dropped_documents += 1
-        continue
-      split = "eval" if is_eval else "train"
-      s = stats[split]
-      s.documents += 1
-      s.sentences += len(sentences)
-      s.tokens += sum(len(x) for x in sentences)
-      if len(sentences) == 1:
-        s.single_sentence_documents += 1
-        first_single = first_single or source
-      shard = next_shard[split] % counts[split]
-      next_shard[split] += 1
-      writers[split][shard].write(shards.encode_document(doc_id, sentences))
+    def write(results, heldout, sources):
+        nonlocal first_single, dropped_sentences, dropped_documents
+        for (doc_id, sentences, dropped), is_eval, source in zip(results, heldout, sources):
+            dropped_sentences += dropped
+            if not sentences:
+                dropped_documents += 1
+                continue
+            split = "eval" if is_eval else "train"
+            s = stats[split]
+            s.documents += 1
+            s.sentences += len(sentences)
+            s.tokens += sum(len(x) for x in sentences)
+            if len(sentences) == 1:
+                s.single_sentence_documents += 1
+                first_single = first_single or source
+            shard = next_shard[split] % counts[split]
+            next_shard[split] += 1
+            writers[split][shard].write(shards.encode_document(doc_id, sentences))
 
-  with multiprocessing.get_context("spawn").Pool(
-      num_workers, initializer=_init_worker, initargs=(tokenizer_path,)) as pool:
-    in_flight = collections.deque()
-    for batch, heldout, sources in _document_batches(corpus, eval_fraction, corpus_kwargs):
-      in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources))
-      if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
-        result, h, s = in_flight.popleft()
-        write(result.get(), h, s)
-    while in_flight:
-      result, h, s = in_flight.popleft()
-      write(result.get(), h, s)
-  for split_writers in writers.values():
-    for w in split_writers:
-      w.close()
+    with multiprocessing.get_context("spawn").Pool(
+        num_workers, initializer=_init_worker, initargs=(tokenizer_path,)
+    ) as pool:
+        in_flight = collections.deque()
+        for batch, heldout, sources in _document_batches(corpus, eval_fraction, corpus_kwargs):
+            in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources))
+            if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
+                result, h, s = in_flight.popleft()
+                write(result.get(), h, s)
+        while in_flight:
+            result, h, s = in_flight.popleft()
+            write(result.get(), h, s)
+    for split_writers in writers.values():
+        for w in split_writers:
+            w.close()
 
-  total = stats["train"].documents + stats["eval"].documents
-  if stats["train"].documents < 2:
-    raise PreprocessError(
-        f"corpus '{corpus}' gives {stats['train'].documents} training document(s) after tokenization: "
-        "the NSP objective needs at least 2 documents (blank line between documents in text files)")
-  if eval_fraction > 0 and stats["eval"].documents == 0:
-    raise PreprocessError(
-        f"no held-out documents among {total}: raise --eval_fraction (now {eval_fraction}) or add documents")
-  single = stats["train"].single_sentence_documents + stats["eval"].single_sentence_documents
-  if single:
-    fraction = single / total
-    message = (f"{single} of {total} documents have a single sentence (first: {first_single}); "
-               "their instances are always NotNext")
-    if fraction > max_single_sentence_fraction:
-      raise PreprocessError(
-          f"{message}. More than {max_single_sentence_fraction:.0%} is almost certainly a formatting "
-          "error: BERT text format is one sentence per line, a blank line only between documents "
-          "(raise --max_single_sentence_fraction if this is intended)")
-    log(f"warning: {message}")
+    total = stats["train"].documents + stats["eval"].documents
+    if stats["train"].documents < 2:
+        raise PreprocessError(
+            f"corpus '{corpus}' gives {stats['train'].documents} training document(s) after tokenization: "
+            "the NSP objective needs at least 2 documents (blank line between documents in text files)"
+        )
+    if eval_fraction > 0 and stats["eval"].documents == 0:
+        raise PreprocessError(
+            f"no held-out documents among {total}: "
+            f"raise --eval_fraction (now {eval_fraction}) or add documents"
+        )
+    single = stats["train"].single_sentence_documents + stats["eval"].single_sentence_documents
+    if single:
+        fraction = single / total
+        message = (
+            f"{single} of {total} documents have a single sentence (first: {first_single}); "
+            "their instances are always NotNext"
+        )
+        if fraction > max_single_sentence_fraction:
+            raise PreprocessError(
+                f"{message}. More than {max_single_sentence_fraction:.0%} is almost certainly a formatting "
+                "error: BERT text format is one sentence per line, a blank line only between documents "
+                "(raise --max_single_sentence_fraction if this is intended)"
+            )
+        log(f"warning: {message}")
 
-  tokenizer.save(os.path.join(output, shards.TOKENIZER_DIR))
-  manifest = {
-      "format_version": shards.FORMAT_VERSION,
-      "fingerprint": fingerprint,
-      "corpus": corpus,
-      "tokenizer": tokenizer.identity(),
-      "vocab_size": tokenizer.vocab_size,
-      "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id, "cls": tokenizer.cls_id,
-                      "sep": tokenizer.sep_id, "mask": tokenizer.mask_id},
-      "splits": {split: dict(files=[shards.shard_name(split, i, n) for i in range(n)],
-                             **dataclasses.asdict(stats[split])) for split, n in counts.items()},
-      "dropped_empty_sentences": dropped_sentences,
-      "dropped_empty_documents": dropped_documents,
-      "seconds": round(time.time() - start, 1),
-  }
-  shards.write_manifest(output, manifest)
-  log(f"wrote {output}: {stats['train'].documents} train / {stats['eval'].documents} eval documents, "
-      f"{stats['train'].tokens + stats['eval'].tokens} tokens, {num_shards}+{num_eval_shards} shards "
-      f"in {manifest['seconds']} s (dropped {dropped_sentences} sentences with no tokens)")
-  return manifest
+    tokenizer.save(os.path.join(output, shards.TOKENIZER_DIR))
+    manifest = {
+        "format_version": shards.FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "corpus": corpus,
+        "tokenizer": tokenizer.identity(),
+        "vocab_size": tokenizer.vocab_size,
+        "special_ids": {
+            "pad": tokenizer.pad_id,
+            "unk": tokenizer.unk_id,
+            "cls": tokenizer.cls_id,
+            "sep": tokenizer.sep_id,
+            "mask": tokenizer.mask_id,
+        },
+        "splits": {
+            split: dict(
+                files=[shards.shard_name(split, i, n) for i in range(n)], **dataclasses.asdict(stats[split])
+            )
+            for split, n in counts.items()
+        },
+        "dropped_empty_sentences": dropped_sentences,
+        "dropped_empty_documents": dropped_documents,
+        "seconds": round(time.time() - start, 1),
+    }
+    shards.write_manifest(output, manifest)
+    log(
+        f"wrote {output}: {stats['train'].documents} train / {stats['eval'].documents} eval documents, "
+        f"{stats['train'].tokens + stats['eval'].tokens} tokens, {num_shards}+{num_eval_shards} shards "
+        f"in {manifest['seconds']} s (dropped {dropped_sentences} sentences with no tokens)"
+    )
+    return manifest
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  import argparse
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--corpus", required=True, help="'demo', 'tfds:NAME[:SPLIT]', or text file globs (comma-separated)")
-  parser.add_argument("--tokenizer", required=True, help="tokenizer directory (or a vocab.txt)")
-  parser.add_argument("--output", required=True)
-  parser.add_argument("--num_shards", type=int, default=8)
-  parser.add_argument("--num_eval_shards", type=int, default=1)
-  parser.add_argument("--eval_fraction", type=float, default=0.02)
-  parser.add_argument("--num_workers", type=int, default=None)
-  parser.add_argument("--max_single_sentence_fraction", type=float, default=0.5)
-  parser.add_argument("--max_line_chars", type=int, default=100_000)
-  parser.add_argument("--tfds_data_dir", default=None)
-  parser.add_argument("--overwrite", action="store_true")
-  args = parser.parse_args(argv)
-  corpus_kwargs = {"max_line_chars": args.max_line_chars}
-  if args.corpus.startswith("tfds:") and args.tfds_data_dir:
-    corpus_kwargs["tfds_data_dir"] = args.tfds_data_dir
-  try:
-    preprocess(args.corpus, args.tokenizer, args.output, num_shards=args.num_shards,
-               num_eval_shards=args.num_eval_shards, eval_fraction=args.eval_fraction,
-               num_workers=args.num_workers, overwrite=args.overwrite,
-               max_single_sentence_fraction=args.max_single_sentence_fraction,
-               corpus_kwargs=corpus_kwargs)
-  except (PreprocessError, shards.ShardsError, corpora.CorpusError, tokenizers.TokenizerError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--corpus", required=True, help="'demo', 'tfds:NAME[:SPLIT]', or text file globs (comma-separated)"
+    )
+    parser.add_argument("--tokenizer", required=True, help="tokenizer directory (or a vocab.txt)")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--num_shards", type=int, default=8)
+    parser.add_argument("--num_eval_shards", type=int, default=1)
+    parser.add_argument("--eval_fraction", type=float, default=0.02)
+    parser.add_argument("--num_workers", type=int, default=None)
+    parser.add_argument("--max_single_sentence_fraction", type=float, default=0.5)
+    parser.add_argument("--max_line_chars", type=int, default=100_000)
+    parser.add_argument("--tfds_data_dir", default=None)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    corpus_kwargs = {"max_line_chars": args.max_line_chars}
+    if args.corpus.startswith("tfds:") and args.tfds_data_dir:
+        corpus_kwargs["tfds_data_dir"] = args.tfds_data_dir
+    try:
+        preprocess(
+            args.corpus,
+            args.tokenizer,
+            args.output,
+            num_shards=args.num_shards,
+            num_eval_shards=args.num_eval_shards,
+            eval_fraction=args.eval_fraction,
+            num_workers=args.num_workers,
+            overwrite=args.overwrite,
+            max_single_sentence_fraction=args.max_single_sentence_fraction,
+            corpus_kwargs=corpus_kwargs,
+        )
+    except (PreprocessError, shards.ShardsError, corpora.CorpusError, tokenizers.TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+    sys.exit(main())

@@ -29,44 +29,51 @@ TOKENIZER_DIR = "tokenizer"
 
 
 class ShardsError(ValueError):
-  """A user-facing problem with a preprocessed directory (one line)."""
+    """A user-facing problem with a preprocessed directory (one line)."""
 
 
 def shard_name(split: str, index: int, count: int) -> str:
-  return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 
 
 def encode_document(doc_id: int, sentences: Sequence[Sequence[int]]) -> bytes:
-  """One document record: sentences are lists of token ids (each non-empty)."""
-  feature = {
-      "token_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[t for s in sentences for t in s])),
-      "sentence_lengths": tf.train.Feature(int64_list=tf.train.Int64List(value=[len(s) for s in sentences])),
-      "doc_id": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc_id])),
-  }
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    """One document record: sentences are lists of token ids (each non-empty)."""
+    feature = {
+        "token_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[t for s in sentences for t in s])),
+        "sentence_lengths": tf.train.Feature(
+            int64_list=tf.train.Int64List(value=[len(s) for s in sentences])
+        ),
+        "doc_id": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc_id])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 def load_manifest(directory: str) -> dict:
-  """Reads DIR/manifest.json, with a clear error when preprocessing has not (fully) run."""
-  path = os.path.join(directory, MANIFEST)
-  if not tf.io.gfile.exists(path):
-    raise ShardsError(
-        f"no {MANIFEST} in '{directory}': run `python -m data.preprocess --output={directory} ...` "
-        "first (an interrupted run leaves no manifest; run it again)")
-  try:
-    with tf.io.gfile.GFile(path) as f:
-      manifest = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ShardsError(f"{path} is not valid JSON ({e}): re-run data.preprocess with --overwrite") from None
-  if manifest.get("format_version") != FORMAT_VERSION:
-    raise ShardsError(f"{path} has format version {manifest.get('format_version')}, this code reads "
-                      f"{FORMAT_VERSION}: re-run data.preprocess with --overwrite")
-  return manifest
+    """Reads DIR/manifest.json, with a clear error when preprocessing has not (fully) run."""
+    path = os.path.join(directory, MANIFEST)
+    if not tf.io.gfile.exists(path):
+        raise ShardsError(
+            f"no {MANIFEST} in '{directory}': run `python -m data.preprocess --output={directory} ...` "
+            "first (an interrupted run leaves no manifest; run it again)"
+        )
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            manifest = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ShardsError(
+            f"{path} is not valid JSON ({e}): re-run data.preprocess with --overwrite"
+        ) from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ShardsError(
+            f"{path} has format version {manifest.get('format_version')}, this code reads "
+            f"{FORMAT_VERSION}: re-run data.preprocess with --overwrite"
+        )
+    return manifest
 
 
 def write_manifest(directory: str, manifest: dict) -> None:
-  """Writes the manifest atomically (temporary file, then rename)."""
-  path = os.path.join(directory, MANIFEST)
-  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    json.dump(manifest, f, indent=2)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    """Writes the manifest atomically (temporary file, then rename)."""
+    path = os.path.join(directory, MANIFEST)
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+        json.dump(manifest, f, indent=2)
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)

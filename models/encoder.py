@@ -85,8 +85,15 @@ class EncoderConfig:
         def fail(name: str, requirement: str) -> None:
             raise ValueError(f"EncoderConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
 
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             if getattr(self, name) < 1:
                 fail(name, ">= 1")
         if self.hidden_size % self.num_heads:
@@ -124,32 +131,43 @@ class EncoderConfig:
 def kernel_init(config: EncoderConfig, names: Sequence[str | None]) -> nn.initializers.Initializer:
     """BERT's truncated normal (stddev initializer_range) with logical axis names."""
     return nn.with_logical_partitioning(
-        nn.initializers.truncated_normal(config.initializer_range), tuple(names))
+        nn.initializers.truncated_normal(config.initializer_range), tuple(names)
+    )
 
 
 def bias_init(names: Sequence[str | None]) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
 
 
-def dense(config: EncoderConfig, features: int, names: tuple[str | None, str | None], *,
-          name: str) -> nn.Dense:
+def dense(
+    config: EncoderConfig, features: int, names: tuple[str | None, str | None], *, name: str
+) -> nn.Dense:
     """Dense layer [..., in] -> [..., features] in compute dtype; kernel axes `names`."""
-    return nn.Dense(features, dtype=config.compute_dtype, param_dtype=config.storage_dtype,
-                    kernel_init=kernel_init(config, names), bias_init=bias_init(names[1:]),
-                    name=name)
+    return nn.Dense(
+        features,
+        dtype=config.compute_dtype,
+        param_dtype=config.storage_dtype,
+        kernel_init=kernel_init(config, names),
+        bias_init=bias_init(names[1:]),
+        name=name,
+    )
 
 
 def layer_norm(config: EncoderConfig, *, name: str) -> nn.LayerNorm:
     """LayerNorm over H computing in float32 (callers cast the result back)."""
     return nn.LayerNorm(
-        epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=config.storage_dtype,
+        epsilon=config.layer_norm_eps,
+        dtype=jnp.float32,
+        param_dtype=config.storage_dtype,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axes.EMBED,)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes.EMBED,)),
-        name=name)
+        name=name,
+    )
 
 
-def _add_and_normalize(config: EncoderConfig, residual: jax.Array, update: jax.Array, *,
-                       name: str) -> jax.Array:
+def _add_and_normalize(
+    config: EncoderConfig, residual: jax.Array, update: jax.Array, *, name: str
+) -> jax.Array:
     """Post-LN residual: LayerNorm(residual + update), [B, L, H] compute dtype.
 
     The sum is taken in float32 because the LayerNorm reads float32 anyway (an
@@ -182,9 +200,15 @@ def attention_mask(input_mask: jax.Array, example_ids: jax.Array | None = None) 
     return mask
 
 
-def explicit_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array, *,
-                       dropout_rate: float = 0.0,
-                       dropout_rng: jax.Array | None = None) -> jax.Array:
+def explicit_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> jax.Array:
     """Softmax attention written out step by step, with dropout on the probabilities.
 
     BERT drops attention probabilities in training, and jax.nn.dot_product_attention
@@ -225,26 +249,40 @@ class SelfAttention(nn.Module):
         # and fails under a mesh.
         def project(name: str) -> jax.Array:
             y = nn.Einsum(
-                (cfg.hidden_size, cfg.num_heads, cfg.head_dim), "blh,hnd->blnd",
-                dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+                (cfg.hidden_size, cfg.num_heads, cfg.head_dim),
+                "blh,hnd->blnd",
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.storage_dtype,
                 kernel_init=kernel_init(cfg, (axes.EMBED, axes.HEADS, axes.KV)),
-                bias_init=bias_init((axes.HEADS, axes.KV)), name=name)(x)
+                bias_init=bias_init((axes.HEADS, axes.KV)),
+                name=name,
+            )(x)
             return nn.with_logical_constraint(y, heads_axes)
 
         query, key, value = project("query"), project("key"), project("value")
         if deterministic or cfg.attention_dropout_rate == 0.0:
             context = jax.nn.dot_product_attention(
-                query, key, value, mask=mask, implementation=cfg.attention_implementation)
+                query, key, value, mask=mask, implementation=cfg.attention_implementation
+            )
         else:
-            context = explicit_attention(query, key, value, mask,
-                                         dropout_rate=cfg.attention_dropout_rate,
-                                         dropout_rng=self.make_rng("dropout"))
+            context = explicit_attention(
+                query,
+                key,
+                value,
+                mask,
+                dropout_rate=cfg.attention_dropout_rate,
+                dropout_rng=self.make_rng("dropout"),
+            )
         context = nn.with_logical_constraint(context, heads_axes)
         return nn.Einsum(
-            (cfg.num_heads, cfg.head_dim, cfg.hidden_size), "blnd,ndh->blh",
-            dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+            (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
+            "blnd,ndh->blh",
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.storage_dtype,
             kernel_init=kernel_init(cfg, (axes.HEADS, axes.KV, axes.EMBED)),
-            bias_init=bias_init((axes.EMBED,)), name="output")(context)
+            bias_init=bias_init((axes.EMBED,)),
+            name="output",
+        )(context)
 
 
 # --- embeddings, layers, encoder -------------------------------------------------
@@ -256,8 +294,9 @@ class Embeddings(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
-                 deterministic: bool) -> tuple[jax.Array, jax.Array]:
+    def __call__(
+        self, input_ids: jax.Array, segment_ids: jax.Array, positions: jax.Array, *, deterministic: bool
+    ) -> tuple[jax.Array, jax.Array]:
         """input_ids, segment_ids, positions: [B, L] int32.
 
         Returns:
@@ -269,13 +308,21 @@ class Embeddings(nn.Module):
         def table(num: int, first_axis: str | None, name: str) -> nn.Embed:
             # Lookups are gathers (no FLOPs); they read float32 because the sum
             # feeds a float32 LayerNorm.
-            return nn.Embed(num, cfg.hidden_size, dtype=jnp.float32, param_dtype=cfg.storage_dtype,
-                            embedding_init=kernel_init(cfg, (first_axis, axes.EMBED)), name=name)
+            return nn.Embed(
+                num,
+                cfg.hidden_size,
+                dtype=jnp.float32,
+                param_dtype=cfg.storage_dtype,
+                embedding_init=kernel_init(cfg, (first_axis, axes.EMBED)),
+                name=name,
+            )
 
         word_embeddings = table(cfg.vocab_size, axes.VOCAB, "word_embeddings")
-        x = (word_embeddings(input_ids)
-             + table(cfg.max_position_embeddings, None, "position_embeddings")(positions)
-             + table(cfg.type_vocab_size, None, "token_type_embeddings")(segment_ids))
+        x = (
+            word_embeddings(input_ids)
+            + table(cfg.max_position_embeddings, None, "position_embeddings")(positions)
+            + table(cfg.type_vocab_size, None, "token_type_embeddings")(segment_ids)
+        )
         x = layer_norm(cfg, name="layer_norm")(x).astype(cfg.compute_dtype)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         return _constrain_hidden(x), word_embeddings.embedding
@@ -323,9 +370,16 @@ class Encoder(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, input_ids: jax.Array, input_mask: jax.Array, segment_ids: jax.Array,
-                 positions: jax.Array | None = None, example_ids: jax.Array | None = None, *,
-                 deterministic: bool) -> EncoderOutput:
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        input_mask: jax.Array,
+        segment_ids: jax.Array,
+        positions: jax.Array | None = None,
+        example_ids: jax.Array | None = None,
+        *,
+        deterministic: bool,
+    ) -> EncoderOutput:
         """Encodes a batch.
 
         Args:
@@ -336,10 +390,10 @@ class Encoder(nn.Module):
         """
         cfg = self.config
         if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32),
-                                         input_ids.shape)
+            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
         x, word_embeddings = Embeddings(cfg, name="embeddings")(
-            input_ids, segment_ids, positions, deterministic=deterministic)
+            input_ids, segment_ids, positions, deterministic=deterministic
+        )
         mask = attention_mask(input_mask, example_ids)
         for i in range(cfg.num_layers):
             x = TransformerLayer(cfg, name=f"layer_{i}")(x, mask, deterministic=deterministic)

@@ -26,8 +26,9 @@ class MaskedLMHead(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, sequence_output: jax.Array, masked_lm_positions: jax.Array,
-                 word_embeddings: jax.Array) -> jax.Array:
+    def __call__(
+        self, sequence_output: jax.Array, masked_lm_positions: jax.Array, word_embeddings: jax.Array
+    ) -> jax.Array:
         """Logits over the vocabulary at the masked positions.
 
         Args:
@@ -44,10 +45,12 @@ class MaskedLMHead(nn.Module):
         x = layer_norm(cfg, name="transform_layer_norm")(x).astype(cfg.compute_dtype)
         # Inputs in compute dtype, accumulation and result in float32: the logits
         # feed a softmax over V entries.
-        logits = jnp.einsum("bph,vh->bpv", x, word_embeddings.astype(cfg.compute_dtype),
-                            preferred_element_type=jnp.float32)
-        output_bias = self.param("output_bias", bias_init((axes.VOCAB,)), (cfg.vocab_size,),
-                                 cfg.storage_dtype)
+        logits = jnp.einsum(
+            "bph,vh->bpv", x, word_embeddings.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+        )
+        output_bias = self.param(
+            "output_bias", bias_init((axes.VOCAB,)), (cfg.vocab_size,), cfg.storage_dtype
+        )
         logits = logits + output_bias.astype(jnp.float32)
         return nn.with_logical_constraint(logits, (axes.BATCH, axes.PREDICTIONS, axes.VOCAB))
 
@@ -62,6 +65,11 @@ class SentenceHead(nn.Module):
         """pooled_output: [B, H] compute dtype. Returns [B, 2] float32 logits."""
         cfg = self.config
         # H x 2 is negligible work, so it runs in float32 outright.
-        return nn.Dense(2, dtype=jnp.float32, param_dtype=cfg.storage_dtype,
-                        kernel_init=kernel_init(cfg, (axes.EMBED, None)),
-                        bias_init=bias_init((None,)), name="classifier")(pooled_output)
+        return nn.Dense(
+            2,
+            dtype=jnp.float32,
+            param_dtype=cfg.storage_dtype,
+            kernel_init=kernel_init(cfg, (axes.EMBED, None)),
+            bias_init=bias_init((None,)),
+            name="classifier",
+        )(pooled_output)

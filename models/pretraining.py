@@ -39,14 +39,20 @@ class PretrainingModel(nn.Module):
           (only with a sentence objective)}.
         """
         encoded = Encoder(self.config, name="encoder")(
-            batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-            positions=batch.get("positions"), example_ids=batch.get("example_ids"),
-            deterministic=deterministic)
-        logits = {"mlm_logits": MaskedLMHead(self.config, name="mlm_head")(
-            encoded.sequence_output, batch["masked_lm_positions"], encoded.word_embeddings)}
+            batch["input_ids"],
+            batch["input_mask"],
+            batch["segment_ids"],
+            positions=batch.get("positions"),
+            example_ids=batch.get("example_ids"),
+            deterministic=deterministic,
+        )
+        logits = {
+            "mlm_logits": MaskedLMHead(self.config, name="mlm_head")(
+                encoded.sequence_output, batch["masked_lm_positions"], encoded.word_embeddings
+            )
+        }
         if self.sentence_objective:
-            logits["sentence_logits"] = SentenceHead(self.config, name="sentence_head")(
-                encoded.pooled_output)
+            logits["sentence_logits"] = SentenceHead(self.config, name="sentence_head")(encoded.pooled_output)
         return logits
 
 
@@ -65,8 +71,8 @@ def abstract_params(config: EncoderConfig, sentence_objective: bool = True) -> A
     """The parameter tree as ShapeDtypeStructs in nn.Partitioned boxes; allocates nothing."""
     model = PretrainingModel(config, sentence_objective=sentence_objective)
     variables = jax.eval_shape(
-        lambda rng: model.init(rng, example_batch(1, 1, 1), deterministic=True),
-        jax.random.key(0))
+        lambda rng: model.init(rng, example_batch(1, 1, 1), deterministic=True), jax.random.key(0)
+    )
     return variables["params"]
 
 

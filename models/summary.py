@@ -33,8 +33,10 @@ def main(argv: list[str]) -> None:
         gin.parse_config_files_and_bindings(_GIN_FILE.value, _GIN_BINDINGS.value)
         config = EncoderConfig()
         if not 1 <= _SEQ_LEN.value <= config.max_position_embeddings:
-            raise ValueError(f"--seq_len={_SEQ_LEN.value} is outside "
-                             f"[1, max_position_embeddings={config.max_position_embeddings}]")
+            raise ValueError(
+                f"--seq_len={_SEQ_LEN.value} is outside "
+                f"[1, max_position_embeddings={config.max_position_embeddings}]"
+            )
     # Anything raised while reading the config is a config error, whatever its type
     # (gin raises ValueError, SyntaxError, OSError, tokenize.TokenError, ...).
     except Exception as e:  # pylint: disable=broad-except

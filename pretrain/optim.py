@@ -21,32 +21,39 @@ from flax import traverse_util
 
 
 def warmup_linear_decay(peak: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
-  """BERT's schedule: peak * step / warmup during warmup, then peak * (1 - step / total)."""
+    """BERT's schedule: peak * step / warmup during warmup, then peak * (1 - step / total)."""
 
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
-    warm = peak * step / max(warmup_steps, 1)
-    decay = peak * jnp.maximum(0.0, 1.0 - step / max(total_steps, 1))
-    return jnp.where(step < warmup_steps, warm, decay)
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        warm = peak * step / max(warmup_steps, 1)
+        decay = peak * jnp.maximum(0.0, 1.0 - step / max(total_steps, 1))
+        return jnp.where(step < warmup_steps, warm, decay)
 
-  return schedule
+    return schedule
 
 
 def decay_mask(params) -> dict:
-  """True for parameters that get weight decay: everything but biases and LayerNorm.
+    """True for parameters that get weight decay: everything but biases and LayerNorm.
 
-  In Flax, LayerNorm's parameters are `scale` and `bias`, and only LayerNorm has `scale`.
-  """
-  flat = traverse_util.flatten_dict(params)
-  return traverse_util.unflatten_dict({path: path[-1] not in ("bias", "scale") for path in flat})
+    In Flax, LayerNorm's parameters are `scale` and `bias`, and only LayerNorm has `scale`.
+    """
+    flat = traverse_util.flatten_dict(params)
+    return traverse_util.unflatten_dict({path: path[-1] not in ("bias", "scale") for path in flat})
 
 
 @gin.configurable
-def adamw(total_steps: int, learning_rate: float = 1e-4, warmup_steps: int = 10_000, b1: float = 0.9,
-          b2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.01, clip_norm: float | None = 1.0
-          ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """BERT's AdamW (defaults = the published hyperparameters). Returns (optimizer, schedule)."""
-  schedule = warmup_linear_decay(learning_rate, warmup_steps, total_steps)
-  parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-  parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
-  return optax.chain(*parts), schedule
+def adamw(
+    total_steps: int,
+    learning_rate: float = 1e-4,
+    warmup_steps: int = 10_000,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    weight_decay: float = 0.01,
+    clip_norm: float | None = 1.0,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """BERT's AdamW (defaults = the published hyperparameters). Returns (optimizer, schedule)."""
+    schedule = warmup_linear_decay(learning_rate, warmup_steps, total_steps)
+    parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+    parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
+    return optax.chain(*parts), schedule

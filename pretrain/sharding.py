@@ -26,80 +26,86 @@ BATCH_AXES = ("data", "fsdp")
 
 
 class MeshError(ValueError):
-  """A mesh or batch size that does not fit the devices (one line, user-facing)."""
+    """A mesh or batch size that does not fit the devices (one line, user-facing)."""
 
 
 @gin.configurable
 def logical_axis_rules(fsdp_embed: bool = True) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
-  """The one table from logical dimension names to mesh axes."""
-  return (
-      (axes.BATCH, BATCH_AXES),
-      (axes.EMBED, "fsdp" if fsdp_embed else None),
-      (axes.MLP, "tensor"),
-      (axes.HEADS, "tensor"),
-      (axes.VOCAB, "tensor"),
-      (axes.LENGTH, None),
-      (axes.KV, None),
-      (axes.PREDICTIONS, None),
-  )
+    """The one table from logical dimension names to mesh axes."""
+    return (
+        (axes.BATCH, BATCH_AXES),
+        (axes.EMBED, "fsdp" if fsdp_embed else None),
+        (axes.MLP, "tensor"),
+        (axes.HEADS, "tensor"),
+        (axes.VOCAB, "tensor"),
+        (axes.LENGTH, None),
+        (axes.KV, None),
+        (axes.PREDICTIONS, None),
+    )
 
 
 def parse_mesh(spec: str | None, num_devices: int) -> dict[str, int]:
-  """'data:4,fsdp:2,tensor:1' -> sizes; one size may be -1 ("the rest"). None: all on data."""
-  sizes = {"data": -1, "fsdp": 1, "tensor": 1}
-  if spec:
-    sizes = {"data": 1, "fsdp": 1, "tensor": 1}
-    for part in spec.split(","):
-      name, _, value = part.partition(":")
-      name = name.strip()
-      if name not in sizes or not value.strip().lstrip("-").isdigit():
-        raise MeshError(f"bad --mesh entry {part!r}: use e.g. 'data:4,fsdp:2,tensor:1' with axes {MESH_AXES}")
-      sizes[name] = int(value)
-  rest = [n for n, s in sizes.items() if s == -1]
-  known = math.prod(s for s in sizes.values() if s != -1)
-  if len(rest) > 1 or any(s == 0 or s < -1 for s in sizes.values()):
-    raise MeshError(f"bad --mesh {spec!r}: sizes must be positive, at most one may be -1")
-  if rest:
-    if num_devices % known:
-      raise MeshError(f"--mesh {spec!r}: {num_devices} devices are not divisible by {known}")
-    sizes[rest[0]] = num_devices // known
-  if math.prod(sizes.values()) != num_devices:
-    raise MeshError(f"--mesh {spec!r} has {math.prod(sizes.values())} devices but {num_devices} are "
-                    "available: the product of the axis sizes must equal the device count")
-  return sizes
+    """'data:4,fsdp:2,tensor:1' -> sizes; one size may be -1 ("the rest"). None: all on data."""
+    sizes = {"data": -1, "fsdp": 1, "tensor": 1}
+    if spec:
+        sizes = {"data": 1, "fsdp": 1, "tensor": 1}
+        for part in spec.split(","):
+            name, _, value = part.partition(":")
+            name = name.strip()
+            if name not in sizes or not value.strip().lstrip("-").isdigit():
+                raise MeshError(
+                    f"bad --mesh entry {part!r}: use e.g. 'data:4,fsdp:2,tensor:1' with axes {MESH_AXES}"
+                )
+            sizes[name] = int(value)
+    rest = [n for n, s in sizes.items() if s == -1]
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if len(rest) > 1 or any(s == 0 or s < -1 for s in sizes.values()):
+        raise MeshError(f"bad --mesh {spec!r}: sizes must be positive, at most one may be -1")
+    if rest:
+        if num_devices % known:
+            raise MeshError(f"--mesh {spec!r}: {num_devices} devices are not divisible by {known}")
+        sizes[rest[0]] = num_devices // known
+    if math.prod(sizes.values()) != num_devices:
+        raise MeshError(
+            f"--mesh {spec!r} has {math.prod(sizes.values())} devices but {num_devices} are "
+            "available: the product of the axis sizes must equal the device count"
+        )
+    return sizes
 
 
 def make_mesh(spec: str | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A (data, fsdp, tensor) mesh with Auto axes (linen's logical constraints need them)."""
-  devices = list(devices or jax.devices())
-  sizes = parse_mesh(spec, len(devices))
-  shape = tuple(sizes[a] for a in MESH_AXES)
-  if devices == list(jax.devices()):
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    """A (data, fsdp, tensor) mesh with Auto axes (linen's logical constraints need them)."""
+    devices = list(devices or jax.devices())
+    sizes = parse_mesh(spec, len(devices))
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    if devices == list(jax.devices()):
+        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def data_parallel_size(mesh: Mesh) -> int:
-  return mesh.shape["data"] * mesh.shape["fsdp"]
+    return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) dimension split over data x fsdp, the rest replicated."""
-  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+    """Leading (batch) dimension split over data x fsdp, the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
 def check_batch_size(global_batch: int, mesh: Mesh, process_count: int) -> int:
-  """Validates the global batch against the mesh and hosts; returns rows per host."""
-  dp = data_parallel_size(mesh)
-  if global_batch % dp:
-    raise MeshError(f"batch size {global_batch} is not divisible by the data-parallel size {dp} "
-                    f"(data x fsdp of mesh {dict(mesh.shape)}): change train batch_size or --mesh")
-  if global_batch % process_count:
-    raise MeshError(f"batch size {global_batch} is not divisible by the {process_count} hosts")
-  return global_batch // process_count
+    """Validates the global batch against the mesh and hosts; returns rows per host."""
+    dp = data_parallel_size(mesh)
+    if global_batch % dp:
+        raise MeshError(
+            f"batch size {global_batch} is not divisible by the data-parallel size {dp} "
+            f"(data x fsdp of mesh {dict(mesh.shape)}): change train batch_size or --mesh"
+        )
+    if global_batch % process_count:
+        raise MeshError(f"batch size {global_batch} is not divisible by the {process_count} hosts")
+    return global_batch // process_count
 
 
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-  """This host's rows -> global jax.Arrays sharded over the batch axes of the mesh."""
-  sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+    """This host's rows -> global jax.Arrays sharded over the batch axes of the mesh."""
+    sharding = batch_sharding(mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}

@@ -9,7 +9,6 @@ Started again with the same workdir, it resumes from the latest checkpoint.
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter
 
@@ -19,27 +18,32 @@ from pretrain import cli  # noqa: E402
 
 _GIN_FILES = flags.DEFINE_multi_string("gin_file", [], "gin files, applied in order")
 _GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "gin bindings, e.g. 'run.steps=100'")
-_WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and the summary go", required=True)
-_MESH = flags.DEFINE_string("mesh", None, "e.g. 'data:4,fsdp:2,tensor:1' (one size may be -1); "
-                            "default: every device on 'data'")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "where checkpoints, metrics and the summary go", required=True
+)
+_MESH = flags.DEFINE_string(
+    "mesh", None, "e.g. 'data:4,fsdp:2,tensor:1' (one size may be -1); default: every device on 'data'"
+)
 
 
 def main(argv):
-  del argv
-  import jax
-  import tensorflow as tf
+    del argv
+    import jax
+    import tensorflow as tf
 
-  from pretrain import trainer
+    from pretrain import trainer
 
-  tf.config.set_visible_devices([], "GPU")  # tf.data only: keep TF off the accelerators
-  cli.setup_logging(jax.process_index() == 0)
-  with cli.user_errors():
-    cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
-    summary = trainer.run(_WORKDIR.value, mesh_spec=_MESH.value)
-  print(f"done: step {summary['step']}  eval loss {summary['loss']:.4f}  "
+    tf.config.set_visible_devices([], "GPU")  # tf.data only: keep TF off the accelerators
+    cli.setup_logging(jax.process_index() == 0)
+    with cli.user_errors():
+        cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
+        summary = trainer.run(_WORKDIR.value, mesh_spec=_MESH.value)
+    print(
+        f"done: step {summary['step']}  eval loss {summary['loss']:.4f}  "
         f"mlm_accuracy {summary['mlm_accuracy']:.4f}  sentence_accuracy {summary['sentence_accuracy']}  "
-        f"summary in {_WORKDIR.value}/summary.json")
+        f"summary in {_WORKDIR.value}/summary.json"
+    )
 
 
 if __name__ == "__main__":
-  app.run(main)
+    app.run(main)

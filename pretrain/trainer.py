@@ -36,265 +36,349 @@ log = logging.getLogger("pretrain")
 
 
 class TrainError(ValueError):
-  """A user-facing configuration problem found before training starts (one line)."""
+    """A user-facing configuration problem found before training starts (one line)."""
 
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array        # [] int32
-  params: Any            # float32 (param_dtype) parameter tree
-  opt_state: Any
+    step: jax.Array  # [] int32
+    params: Any  # float32 (param_dtype) parameter tree
+    opt_state: Any
 
 
 def params_sha256(params: Any) -> str:
-  """Hash of all parameters in a canonical order (sorted paths; path, dtype, shape, bytes)."""
-  digest = hashlib.sha256()
-  flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
-  for path in sorted(flat):
-    value = np.ascontiguousarray(flat[path])
-    digest.update(f"{path}:{value.dtype}:{value.shape}".encode())
-    digest.update(value.tobytes())
-  return digest.hexdigest()
+    """Hash of all parameters in a canonical order (sorted paths; path, dtype, shape, bytes)."""
+    digest = hashlib.sha256()
+    flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+    for path in sorted(flat):
+        value = np.ascontiguousarray(flat[path])
+        digest.update(f"{path}:{value.dtype}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
-def train_step(state: TrainState, batch: Mapping[str, jax.Array], rng: jax.Array, *,
-               model: nn.Module, optimizer: optax.GradientTransformation, schedule: optax.Schedule
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step. Dropout randomness is fold_in(rng, step): resumable and order-free."""
-  dropout_rng = jax.random.fold_in(rng, state.step)
+def train_step(
+    state: TrainState,
+    batch: Mapping[str, jax.Array],
+    rng: jax.Array,
+    *,
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step. Dropout randomness is fold_in(rng, step): resumable and order-free."""
+    dropout_rng = jax.random.fold_in(rng, state.step)
 
-  def loss_fn(params):
-    outputs = model.apply({"params": params}, batch, deterministic=False, rngs={"dropout": dropout_rng})
-    return losses.pretraining_loss(outputs, batch)
+    def loss_fn(params):
+        outputs = model.apply({"params": params}, batch, deterministic=False, rngs={"dropout": dropout_rng})
+        return losses.pretraining_loss(outputs, batch)
 
-  (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  metrics = dict(sums, loss=loss, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(sums, loss=loss, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
 def eval_step(params: Any, batch: Mapping[str, jax.Array], *, model: nn.Module) -> dict[str, jax.Array]:
-  """Metric sums of one held-out batch (no dropout)."""
-  outputs = model.apply({"params": params}, batch, deterministic=True)
-  return losses.pretraining_loss(outputs, batch)[1]
+    """Metric sums of one held-out batch (no dropout)."""
+    outputs = model.apply({"params": params}, batch, deterministic=True)
+    return losses.pretraining_loss(outputs, batch)[1]
 
 
 @dataclasses.dataclass
 class Setup:
-  """Everything built once before the loop (kept together instead of a long tuple)."""
-  mesh: jax.sharding.Mesh
-  rules: tuple
-  model: PretrainingModel
-  state: TrainState
-  state_shardings: Any
-  train_step: Callable
-  eval_step: Callable
+    """Everything built once before the loop (kept together instead of a long tuple)."""
+
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    model: PretrainingModel
+    state: TrainState
+    state_shardings: Any
+    train_step: Callable
+    eval_step: Callable
 
 
-def build(model_config: EncoderConfig, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-          example_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh, rules: tuple, seed: int,
-          sentence_objective: bool) -> Setup:
-  """Creates the sharded train state (eval_shape -> specs -> jit(init)) and the jitted steps."""
-  model = PretrainingModel(model_config, sentence_objective=sentence_objective)
+def build(
+    model_config: EncoderConfig,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    example_batch: Mapping[str, np.ndarray],
+    mesh: jax.sharding.Mesh,
+    rules: tuple,
+    seed: int,
+    sentence_objective: bool,
+) -> Setup:
+    """Creates the sharded train state (eval_shape -> specs -> jit(init)) and the jitted steps."""
+    model = PretrainingModel(model_config, sentence_objective=sentence_objective)
 
-  def init_boxed(rng):
-    params = model.init(rng, example_batch, deterministic=True)["params"]
-    return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params))
+    def init_boxed(rng):
+        params = model.init(rng, example_batch, deterministic=True)["params"]
+        return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params))
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract = jax.eval_shape(init_boxed, jax.random.key(seed))
-    state_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
-    state = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_shardings)(
-        jax.random.key(seed))
-  data = sharding.batch_sharding(mesh)
-  step = jax.jit(functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule),
-                 in_shardings=(state_shardings, data, None), out_shardings=(state_shardings, None),
-                 donate_argnums=0)
-  evaluate = jax.jit(functools.partial(eval_step, model=model),
-                     in_shardings=(state_shardings.params, data), out_shardings=None)
-  return Setup(mesh, rules, model, state, state_shardings, step, evaluate)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        abstract = jax.eval_shape(init_boxed, jax.random.key(seed))
+        state_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
+        state = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_shardings)(
+            jax.random.key(seed)
+        )
+    data = sharding.batch_sharding(mesh)
+    step = jax.jit(
+        functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule),
+        in_shardings=(state_shardings, data, None),
+        out_shardings=(state_shardings, None),
+        donate_argnums=0,
+    )
+    evaluate = jax.jit(
+        functools.partial(eval_step, model=model),
+        in_shardings=(state_shardings.params, data),
+        out_shardings=None,
+    )
+    return Setup(mesh, rules, model, state, state_shardings, step, evaluate)
 
 
-def evaluate(setup: Setup, params: Any, data_dir: str, config: pipeline.PipelineConfig, batch_size: int,
-             num_batches: int) -> dict[str, float]:
-  """Mean metrics over the first `num_batches` batches of the held-out split (always the same)."""
-  ds = pipeline.make_dataset(data_dir, "eval", config, batch_size // jax.process_count(),
-                             process_index=jax.process_index(), process_count=jax.process_count(),
-                             shuffle=False)
-  totals = None
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-    for batch in ds.take(num_batches).as_numpy_iterator():
-      sums = jax.device_get(setup.eval_step(params, sharding.global_batch(batch, setup.mesh)))
-      totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
-  return {k: float(v) for k, v in losses.summarize(totals).items()}
+def evaluate(
+    setup: Setup,
+    params: Any,
+    data_dir: str,
+    config: pipeline.PipelineConfig,
+    batch_size: int,
+    num_batches: int,
+) -> dict[str, float]:
+    """Mean metrics over the first `num_batches` batches of the held-out split (always the same)."""
+    ds = pipeline.make_dataset(
+        data_dir,
+        "eval",
+        config,
+        batch_size // jax.process_count(),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        shuffle=False,
+    )
+    totals = None
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        for batch in ds.take(num_batches).as_numpy_iterator():
+            sums = jax.device_get(setup.eval_step(params, sharding.global_batch(batch, setup.mesh)))
+            totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
+    return {k: float(v) for k, v in losses.summarize(totals).items()}
 
 
 class MetricsWriter:
-  """metrics.jsonl + TensorBoard, on process 0 only."""
+    """metrics.jsonl + TensorBoard, on process 0 only."""
 
-  def __init__(self, workdir: str):
-    self.enabled = jax.process_index() == 0
-    if self.enabled:
-      self._jsonl = tf.io.gfile.GFile(os.path.join(workdir, "metrics.jsonl"), "a")
-      self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+    def __init__(self, workdir: str):
+        self.enabled = jax.process_index() == 0
+        if self.enabled:
+            self._jsonl = tf.io.gfile.GFile(os.path.join(workdir, "metrics.jsonl"), "a")
+            self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
 
-  def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
-    if not self.enabled:
-      return
-    self._jsonl.write(json.dumps({"step": step, "split": split, **values}) + "\n")
-    self._jsonl.flush()
-    with self._tb.as_default(step=step):
-      for k, v in values.items():
-        tf.summary.scalar(f"{split}/{k}", v)
-    self._tb.flush()
+    def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        self._jsonl.write(json.dumps({"step": step, "split": split, **values}) + "\n")
+        self._jsonl.flush()
+        with self._tb.as_default(step=step):
+            for k, v in values.items():
+                tf.summary.scalar(f"{split}/{k}", v)
+        self._tb.flush()
 
-  def text(self, name: str, value: str) -> None:
-    if self.enabled:
-      with self._tb.as_default(step=0):
-        tf.summary.text(name, value)
+    def text(self, name: str, value: str) -> None:
+        if self.enabled:
+            with self._tb.as_default(step=0):
+                tf.summary.text(name, value)
 
-  def close(self) -> None:
-    if self.enabled:
-      self._jsonl.close()
-      self._tb.close()
+    def close(self) -> None:
+        if self.enabled:
+            self._jsonl.close()
+            self._tb.close()
 
 
 def check_vocab(model_config: EncoderConfig, manifest: Mapping[str, Any], data_dir: str) -> None:
-  if model_config.vocab_size != manifest["vocab_size"]:
-    raise TrainError(
-        f"model vocab_size={model_config.vocab_size} but the shards in {data_dir} were tokenized with a "
-        f"vocabulary of {manifest['vocab_size']} ({manifest['tokenizer'].get('kind', '?')}): bind "
-        f"EncoderConfig.vocab_size = {manifest['vocab_size']} or re-run data.preprocess with the right tokenizer")
+    if model_config.vocab_size != manifest["vocab_size"]:
+        raise TrainError(
+            f"model vocab_size={model_config.vocab_size} but the shards in {data_dir} were tokenized with a "
+            f"vocabulary of {manifest['vocab_size']} ({manifest['tokenizer'].get('kind', '?')}): bind "
+            f"EncoderConfig.vocab_size = {manifest['vocab_size']} "
+            "or re-run data.preprocess with the right tokenizer"
+        )
 
 
 @gin.configurable(denylist=["workdir", "mesh_spec"])
-def run(workdir: str, *, data_dir: str = gin.REQUIRED, model_config: EncoderConfig = gin.REQUIRED,
-        pipeline_config: pipeline.PipelineConfig = gin.REQUIRED, steps: int = gin.REQUIRED,
-        batch_size: int = 256, optimizer_fn: Callable = optim.adamw, sentence_objective: bool = True,
-        seed: int = 0, log_every: int = 100, eval_every: int = 1000, eval_batches: int = 20,
-        eval_at_start: bool = False, checkpoint_every: int = 1000, max_checkpoints: int = 3,
-        mesh_spec: str | None = None) -> dict[str, Any]:
-  """Pretrains (or resumes) in `workdir`; returns what it writes to `workdir/summary.json`.
+def run(
+    workdir: str,
+    *,
+    data_dir: str = gin.REQUIRED,
+    model_config: EncoderConfig = gin.REQUIRED,
+    pipeline_config: pipeline.PipelineConfig = gin.REQUIRED,
+    steps: int = gin.REQUIRED,
+    batch_size: int = 256,
+    optimizer_fn: Callable = optim.adamw,
+    sentence_objective: bool = True,
+    seed: int = 0,
+    log_every: int = 100,
+    eval_every: int = 1000,
+    eval_batches: int = 20,
+    eval_at_start: bool = False,
+    checkpoint_every: int = 1000,
+    max_checkpoints: int = 3,
+    mesh_spec: str | None = None,
+) -> dict[str, Any]:
+    """Pretrains (or resumes) in `workdir`; returns what it writes to `workdir/summary.json`.
 
-  Args:
-    workdir: checkpoints, metrics, TensorBoard, operative config and summary go here.
-    data_dir: output of `data.preprocess` (manifest.json + shards).
-    model_config, pipeline_config: the model and the instance/masking recipe.
-    steps: total optimizer steps (the schedule decays to 0 there).
-    batch_size: global batch (rows over all hosts).
-    optimizer_fn: `f(total_steps) -> (optax transformation, schedule)`, e.g. optim.adamw.
-    sentence_objective: train the NSP head (False: MLM only).
-    seed: parameter init and dropout seed (the data seed is in pipeline_config).
-    log_every, eval_every, checkpoint_every: cadences in steps (and always at the end).
-    eval_batches: held-out batches per evaluation.
-    eval_at_start: also evaluate the initial parameters (the demo reports start vs end).
-    mesh_spec: e.g. 'data:4,fsdp:2,tensor:1'; None puts every device on `data`.
-  """
-  start_time = time.time()
-  manifest = shards.load_manifest(data_dir)
-  check_vocab(model_config, manifest, data_dir)
-  mesh = sharding.make_mesh(mesh_spec)
-  local_batch = sharding.check_batch_size(batch_size, mesh, jax.process_count())
-  tf.io.gfile.makedirs(workdir)
-  with tf.io.gfile.GFile(os.path.join(workdir, "config.gin"), "w") as f:
-    f.write(gin.config_str())
+    Args:
+      workdir: checkpoints, metrics, TensorBoard, operative config and summary go here.
+      data_dir: output of `data.preprocess` (manifest.json + shards).
+      model_config, pipeline_config: the model and the instance/masking recipe.
+      steps: total optimizer steps (the schedule decays to 0 there).
+      batch_size: global batch (rows over all hosts).
+      optimizer_fn: `f(total_steps) -> (optax transformation, schedule)`, e.g. optim.adamw.
+      sentence_objective: train the NSP head (False: MLM only).
+      seed: parameter init and dropout seed (the data seed is in pipeline_config).
+      log_every, eval_every, checkpoint_every: cadences in steps (and always at the end).
+      eval_batches: held-out batches per evaluation.
+      eval_at_start: also evaluate the initial parameters (the demo reports start vs end).
+      mesh_spec: e.g. 'data:4,fsdp:2,tensor:1'; None puts every device on `data`.
+    """
+    start_time = time.time()
+    manifest = shards.load_manifest(data_dir)
+    check_vocab(model_config, manifest, data_dir)
+    mesh = sharding.make_mesh(mesh_spec)
+    local_batch = sharding.check_batch_size(batch_size, mesh, jax.process_count())
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(os.path.join(workdir, "config.gin"), "w") as f:
+        f.write(gin.config_str())
 
-  optimizer, schedule = optimizer_fn(total_steps=steps)
-  train_ds = pipeline.make_dataset(data_dir, "train", pipeline_config, local_batch,
-                                   process_index=jax.process_index(), process_count=jax.process_count())
-  iterator = iter(train_ds)
-  example = {k: np.zeros((1, *v.shape[1:]), v.dtype.as_numpy_dtype) for k, v in train_ds.element_spec.items()}
-  rules = sharding.logical_axis_rules()
-  setup = build(model_config, optimizer, schedule, example, mesh, rules, seed, sentence_objective)
-  state = setup.state
+    optimizer, schedule = optimizer_fn(total_steps=steps)
+    train_ds = pipeline.make_dataset(
+        data_dir,
+        "train",
+        pipeline_config,
+        local_batch,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    iterator = iter(train_ds)
+    example = {
+        k: np.zeros((1, *v.shape[1:]), v.dtype.as_numpy_dtype) for k, v in train_ds.element_spec.items()
+    }
+    rules = sharding.logical_axis_rules()
+    setup = build(model_config, optimizer, schedule, example, mesh, rules, seed, sentence_objective)
+    state = setup.state
 
-  ckpt = checkpointing.Checkpointer(workdir, max_to_keep=max_checkpoints)
-  resumed_from = ckpt.latest_step()
-  if resumed_from is not None:
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            state, setup.state_shardings)
-    state = ckpt.restore(resumed_from, abstract, iterator)
-    log.info("resumed from step %d in %s", resumed_from, workdir)
-  writer = MetricsWriter(workdir)
-  writer.text("config", gin.config_str())
+    ckpt = checkpointing.Checkpointer(workdir, max_to_keep=max_checkpoints)
+    resumed_from = ckpt.latest_step()
+    if resumed_from is not None:
+        abstract = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, setup.state_shardings
+        )
+        state = ckpt.restore(resumed_from, abstract, iterator)
+        log.info("resumed from step %d in %s", resumed_from, workdir)
+    writer = MetricsWriter(workdir)
+    writer.text("config", gin.config_str())
 
-  def run_eval(at_step):
-    values = evaluate(setup, state.params, data_dir, pipeline_config, batch_size, eval_batches)
-    writer.write(at_step, "eval", values)
-    log.info("eval step %d: %s", at_step, "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
-    return values
+    def run_eval(at_step):
+        values = evaluate(setup, state.params, data_dir, pipeline_config, batch_size, eval_batches)
+        writer.write(at_step, "eval", values)
+        log.info("eval step %d: %s", at_step, "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
+        return values
 
-  rng = jax.random.key(seed + 1)
-  step = int(state.step)
-  initial_eval = run_eval(step) if eval_at_start and step == 0 else None
-  flops_per_row = flops_per_sequence(model_config, pipeline_config.max_seq_length,
-                                     pipeline_config.max_predictions_per_seq)
-  pending: list[dict[str, jax.Array]] = []
-  window_tokens, window_start, window_steps = 0, time.time(), 0
-  total_tokens, train_seconds = 0, 0.0
-  last_train, eval_values = {}, None
+    rng = jax.random.key(seed + 1)
+    step = int(state.step)
+    initial_eval = run_eval(step) if eval_at_start and step == 0 else None
+    flops_per_row = flops_per_sequence(
+        model_config, pipeline_config.max_seq_length, pipeline_config.max_predictions_per_seq
+    )
+    pending: list[dict[str, jax.Array]] = []
+    window_tokens, window_start, window_steps = 0, time.time(), 0
+    total_tokens, train_seconds = 0, 0.0
+    last_train, eval_values = {}, None
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    while step < steps:
-      batch = next(iterator)
-      local = {k: v.numpy() for k, v in batch.items()}
-      window_tokens += int(local["input_mask"].sum()) * jax.process_count()
-      state, metrics = setup.train_step(state, sharding.global_batch(local, mesh), rng)
-      pending.append(metrics)
-      step += 1
-      window_steps += 1
-      if step % log_every == 0 or step == steps:
-        fetched = jax.device_get(pending)
-        pending = []
-        sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0] if k not in
-                ("loss", "grad_norm", "learning_rate")}
-        seconds = time.time() - window_start
-        last_train = losses.summarize(sums)
-        last_train.update(
-            grad_norm=float(fetched[-1]["grad_norm"]), learning_rate=float(fetched[-1]["learning_rate"]),
-            steps_per_second=window_steps / seconds, tokens_per_second=window_tokens / seconds,
-            model_tflops_per_second=flops_per_row * batch_size * window_steps / seconds / 1e12)
-        if not np.isfinite(last_train["loss"]):
-          raise TrainError(f"non-finite loss at step {step}; last checkpoint: step {ckpt.latest_step()} "
-                           f"in {workdir}/checkpoints")
-        writer.write(step, "train", last_train)
-        eta = (steps - step) / last_train["steps_per_second"]
-        log.info("step %d/%d  loss %.4f  mlm_acc %.4f  nsp_acc %s  lr %.3g  grad_norm %.3f  %.2f steps/s  "
-                 "%.0f tokens/s  %.3f TFLOP/s  eta %s", step, steps, last_train["loss"],
-                 last_train["mlm_accuracy"], f"{last_train.get('sentence_accuracy', float('nan')):.4f}",
-                 last_train["learning_rate"], last_train["grad_norm"], last_train["steps_per_second"],
-                 last_train["tokens_per_second"], last_train["model_tflops_per_second"],
-                 time.strftime("%H:%M:%S", time.gmtime(eta)))
-        total_tokens += window_tokens
-        train_seconds += seconds
-        window_tokens, window_start, window_steps = 0, time.time(), 0
-      if step % eval_every == 0 or step == steps:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        while step < steps:
+            batch = next(iterator)
+            local = {k: v.numpy() for k, v in batch.items()}
+            window_tokens += int(local["input_mask"].sum()) * jax.process_count()
+            state, metrics = setup.train_step(state, sharding.global_batch(local, mesh), rng)
+            pending.append(metrics)
+            step += 1
+            window_steps += 1
+            if step % log_every == 0 or step == steps:
+                fetched = jax.device_get(pending)
+                pending = []
+                sums = {
+                    k: float(np.sum([m[k] for m in fetched]))
+                    for k in fetched[0]
+                    if k not in ("loss", "grad_norm", "learning_rate")
+                }
+                seconds = time.time() - window_start
+                last_train = losses.summarize(sums)
+                last_train.update(
+                    grad_norm=float(fetched[-1]["grad_norm"]),
+                    learning_rate=float(fetched[-1]["learning_rate"]),
+                    steps_per_second=window_steps / seconds,
+                    tokens_per_second=window_tokens / seconds,
+                    model_tflops_per_second=flops_per_row * batch_size * window_steps / seconds / 1e12,
+                )
+                if not np.isfinite(last_train["loss"]):
+                    raise TrainError(
+                        f"non-finite loss at step {step}; last checkpoint: step {ckpt.latest_step()} "
+                        f"in {workdir}/checkpoints"
+                    )
+                writer.write(step, "train", last_train)
+                eta = (steps - step) / last_train["steps_per_second"]
+                log.info(
+                    "step %d/%d  loss %.4f  mlm_acc %.4f  nsp_acc %s  lr %.3g  grad_norm %.3f  %.2f steps/s  "
+                    "%.0f tokens/s  %.3f TFLOP/s  eta %s",
+                    step,
+                    steps,
+                    last_train["loss"],
+                    last_train["mlm_accuracy"],
+                    f"{last_train.get('sentence_accuracy', float('nan')):.4f}",
+                    last_train["learning_rate"],
+                    last_train["grad_norm"],
+                    last_train["steps_per_second"],
+                    last_train["tokens_per_second"],
+                    last_train["model_tflops_per_second"],
+                    time.strftime("%H:%M:%S", time.gmtime(eta)),
+                )
+                total_tokens += window_tokens
+                train_seconds += seconds
+                window_tokens, window_start, window_steps = 0, time.time(), 0
+            if step % eval_every == 0 or step == steps:
+                eval_values = run_eval(step)
+                window_start = time.time()
+            if step % checkpoint_every == 0 or step == steps:
+                ckpt.save(step, state, iterator)
+    ckpt.close()
+
+    with tf.io.gfile.GFile(os.path.join(workdir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+    if eval_values is None:  # nothing left to train: evaluate what was restored
         eval_values = run_eval(step)
-        window_start = time.time()
-      if step % checkpoint_every == 0 or step == steps:
-        ckpt.save(step, state, iterator)
-  ckpt.close()
-
-  with tf.io.gfile.GFile(os.path.join(workdir, "operative_config.gin"), "w") as f:
-    f.write(gin.operative_config_str())
-  if eval_values is None:  # nothing left to train: evaluate what was restored
-    eval_values = run_eval(step)
-  summary = {
-      "step": step,
-      "loss": eval_values["loss"],
-      "mlm_accuracy": eval_values["mlm_accuracy"],
-      "sentence_accuracy": eval_values.get("sentence_accuracy"),
-      "eval": eval_values,
-      "initial_eval": initial_eval,
-      "train": last_train,
-      "tokens_per_second": total_tokens / train_seconds if train_seconds else None,
-      "wall_seconds": time.time() - start_time,
-      "resumed_from": resumed_from,
-      "params_sha256": params_sha256(state.params),
-  }
-  if jax.process_index() == 0:
-    with tf.io.gfile.GFile(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
-  writer.close()
-  return summary
+    summary_path = os.path.join(workdir, "summary.json")
+    tokens_per_second = total_tokens / train_seconds if train_seconds else None
+    if tokens_per_second is None and tf.io.gfile.exists(summary_path):
+        # Nothing was left to train: keep what the call that trained measured.
+        with tf.io.gfile.GFile(summary_path) as f:
+            previous = json.load(f)
+        tokens_per_second = previous.get("tokens_per_second")
+        last_train = previous.get("train") or {}
+        initial_eval = initial_eval or previous.get("initial_eval")
+    summary = {
+        "step": step,
+        "loss": eval_values["loss"],
+        "mlm_accuracy": eval_values["mlm_accuracy"],
+        "sentence_accuracy": eval_values.get("sentence_accuracy"),
+        "eval": eval_values,
+        "initial_eval": initial_eval,
+        "train": last_train,
+        "tokens_per_second": tokens_per_second,
+        "wall_seconds": time.time() - start_time,
+        "resumed_from": resumed_from,
+        "params_sha256": params_sha256(state.params),
+    }
+    if jax.process_index() == 0:
+        with tf.io.gfile.GFile(summary_path, "w") as f:
+            json.dump(summary, f, indent=2)
+    writer.close()
+    return summary

@@ -13,36 +13,43 @@ from models.pretraining import abstract_params, count_params
 from pretrain import optim, trainer  # noqa: F401  (registers run)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GIN_FILES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "**", "*.gin"),
-                                                                  recursive=True))
+GIN_FILES = sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "**", "*.gin"), recursive=True)
+)
 
 
 @pytest.fixture(autouse=True)
 def _clean_gin():
-  gin.clear_config()
-  cwd = os.getcwd()
-  os.chdir(ROOT)  # includes are relative to the repository root
-  yield
-  os.chdir(cwd)
-  gin.clear_config()
+    gin.clear_config()
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # includes are relative to the repository root
+    yield
+    os.chdir(cwd)
+    gin.clear_config()
 
 
 def test_there_are_configs():
-  names = {os.path.basename(p) for p in GIN_FILES}
-  assert {"bert_tiny.gin", "bert_base.gin", "bert_large.gin", "bert.gin", "demo.gin",
-          "bert_base_wikipedia.gin"} <= names
+    names = {os.path.basename(p) for p in GIN_FILES}
+    assert {
+        "bert_tiny.gin",
+        "bert_base.gin",
+        "bert_large.gin",
+        "bert.gin",
+        "demo.gin",
+        "bert_base_wikipedia.gin",
+    } <= names
 
 
 @pytest.mark.parametrize("path", GIN_FILES)
 def test_gin_file_parses_and_builds(path):
-  gin.parse_config_files_and_bindings([path], [])
-  config = EncoderConfig()
-  params = count_params(abstract_params(config))
-  assert params > 0
-  pipeline_config = PipelineConfig()
-  assert pipeline_config.max_predictions_per_seq <= pipeline_config.max_seq_length
-  optimizer, schedule = optim.adamw(total_steps=100)
-  assert float(schedule(50)) >= 0
-  if path.startswith(os.path.join("configs", "runs")):
-    for name in ("steps", "batch_size", "model_config", "pipeline_config", "optimizer_fn"):
-      gin.query_parameter(f"run.{name}")
+    gin.parse_config_files_and_bindings([path], [])
+    config = EncoderConfig()
+    params = count_params(abstract_params(config))
+    assert params > 0
+    pipeline_config = PipelineConfig()
+    assert pipeline_config.max_predictions_per_seq <= pipeline_config.max_seq_length
+    optimizer, schedule = optim.adamw(total_steps=100)
+    assert float(schedule(50)) >= 0
+    if path.startswith(os.path.join("configs", "runs")):
+        for name in ("steps", "batch_size", "model_config", "pipeline_config", "optimizer_fn"):
+            gin.query_parameter(f"run.{name}")

@@ -16,16 +16,21 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from models import axes
 from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
-from models.pretraining import (PretrainingModel, abstract_params, count_params,
-                                flops_per_sequence)
+from models.pretraining import PretrainingModel, abstract_params, count_params, flops_per_sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Dimensions chosen so that B*L*V is larger than every other array in the model:
 # then "no array of B*L*V elements" is a sharp test that [B, L, V] never exists.
 B, L, P = 2, 24, 4
-TINY = EncoderConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
-                     intermediate_size=64, max_position_embeddings=32)
+TINY = EncoderConfig(
+    vocab_size=128,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=32,
+)
 RNG = jax.random.key(0)
 
 
@@ -55,15 +60,18 @@ def tiny():
 # --- config ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"hidden_size": 30, "num_heads": 4}, "divisible by num_heads"),
-    ({"hidden_act": "swish"}, "hidden_act"),
-    ({"dtype": "float8"}, "dtype"),
-    ({"param_dtype": "int8"}, "param_dtype"),
-    ({"attention_implementation": "flash"}, "attention_implementation"),
-    ({"dropout_rate": 1.0}, "dropout_rate"),
-    ({"num_layers": 0}, "num_layers"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"hidden_size": 30, "num_heads": 4}, "divisible by num_heads"),
+        ({"hidden_act": "swish"}, "hidden_act"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"param_dtype": "int8"}, "param_dtype"),
+        ({"attention_implementation": "flash"}, "attention_implementation"),
+        ({"dropout_rate": 1.0}, "dropout_rate"),
+        ({"num_layers": 0}, "num_layers"),
+    ],
+)
 def test_config_rejects_bad_values(overrides, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TINY, **overrides)
@@ -82,11 +90,17 @@ def test_config_gin_binding():
         gin.clear_config()
 
 
-@pytest.mark.parametrize("name, sizes", [
-    ("bert_tiny", (2, 128, 2, 512)), ("bert_mini", (4, 256, 4, 1024)),
-    ("bert_small", (4, 512, 8, 2048)), ("bert_medium", (8, 512, 8, 2048)),
-    ("bert_base", (12, 768, 12, 3072)), ("bert_large", (24, 1024, 16, 4096)),
-])
+@pytest.mark.parametrize(
+    "name, sizes",
+    [
+        ("bert_tiny", (2, 128, 2, 512)),
+        ("bert_mini", (4, 256, 4, 1024)),
+        ("bert_small", (4, 512, 8, 2048)),
+        ("bert_medium", (8, 512, 8, 2048)),
+        ("bert_base", (12, 768, 12, 3072)),
+        ("bert_large", (24, 1024, 16, 4096)),
+    ],
+)
 def test_model_gin_files(name, sizes):
     gin.clear_config()
     try:
@@ -94,8 +108,7 @@ def test_model_gin_files(name, sizes):
         config = EncoderConfig()
     finally:
         gin.clear_config()
-    assert (config.num_layers, config.hidden_size, config.num_heads,
-            config.intermediate_size) == sizes
+    assert (config.num_layers, config.hidden_size, config.num_heads, config.intermediate_size) == sizes
     assert config.vocab_size == 30522
 
 
@@ -114,9 +127,13 @@ def test_output_shapes_and_dtypes(tiny, dtype):
     assert all(bool(jnp.isfinite(x).all()) for x in out.values())
     assert {leaf.dtype for leaf in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
 
-    encoded = jax.eval_shape(lambda params, b: Encoder(config).apply(
-        {"params": params}, b["input_ids"], b["input_mask"], b["segment_ids"], deterministic=True),
-        variables["params"]["encoder"], make_batch())
+    encoded = jax.eval_shape(
+        lambda params, b: Encoder(config).apply(
+            {"params": params}, b["input_ids"], b["input_mask"], b["segment_ids"], deterministic=True
+        ),
+        variables["params"]["encoder"],
+        make_batch(),
+    )
     assert encoded.sequence_output.shape == (B, L, TINY.hidden_size)
     assert encoded.sequence_output.dtype == jnp.dtype(dtype)
     assert encoded.pooled_output.shape == (B, TINY.hidden_size)
@@ -126,7 +143,8 @@ def test_without_sentence_objective(tiny):
     assert set(abstract_params(TINY, sentence_objective=False)) == {"encoder", "mlm_head"}
     params = {k: v for k, v in tiny[1]["params"].items() if k != "sentence_head"}
     out = PretrainingModel(TINY, sentence_objective=False).apply(
-        {"params": params}, make_batch(), deterministic=True)
+        {"params": params}, make_batch(), deterministic=True
+    )
     assert set(out) == {"mlm_logits"}
 
 
@@ -136,7 +154,12 @@ def test_param_tree_names(tiny):
     assert set(params) == {"encoder", "mlm_head", "sentence_head"}
     assert set(params["encoder"]) == {"embeddings", "layer_0", "layer_1", "pooler"}
     assert set(params["encoder"]["layer_0"]) == {
-        "attention", "attention_layer_norm", "intermediate", "output", "output_layer_norm"}
+        "attention",
+        "attention_layer_norm",
+        "intermediate",
+        "output",
+        "output_layer_norm",
+    }
     assert set(params["encoder"]["layer_0"]["attention"]) == {"query", "key", "value", "output"}
     assert set(params["mlm_head"]) == {"transform", "transform_layer_norm", "output_bias"}
 
@@ -168,8 +191,9 @@ def test_initialisers(tiny):
 
 def test_bert_param_counts():
     base = count_params(abstract_params(EncoderConfig()))
-    large = count_params(abstract_params(EncoderConfig(
-        num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096)))
+    large = count_params(
+        abstract_params(EncoderConfig(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096))
+    )
     assert abs(base / 110e6 - 1) < 0.02, base
     assert abs(large / 335e6 - 1) < 0.03, large
 
@@ -214,9 +238,13 @@ def test_mlm_head_never_builds_full_vocab_logits(tiny):
 
     # The check itself can see a [B, L, V] array when there is one.
     def full_logits(variables):
-        encoded = Encoder(TINY).apply({"params": variables["params"]["encoder"]},
-                                      batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                                      deterministic=True)
+        encoded = Encoder(TINY).apply(
+            {"params": variables["params"]["encoder"]},
+            batch["input_ids"],
+            batch["input_mask"],
+            batch["segment_ids"],
+            deterministic=True,
+        )
         return encoded.sequence_output @ encoded.word_embeddings.T
 
     assert _largest_array(full_logits, variables) >= limit
@@ -232,8 +260,13 @@ def test_mlm_logits_match_reference(tiny):
     model, variables = tiny
     batch = make_batch()
     params = nn.unbox(variables["params"])
-    encoded = Encoder(TINY).apply({"params": params["encoder"]}, batch["input_ids"],
-                                  batch["input_mask"], batch["segment_ids"], deterministic=True)
+    encoded = Encoder(TINY).apply(
+        {"params": params["encoder"]},
+        batch["input_ids"],
+        batch["input_mask"],
+        batch["segment_ids"],
+        deterministic=True,
+    )
     hidden = np.asarray(encoded.sequence_output, np.float64)
     head = jax.tree.map(lambda x: np.asarray(x, np.float64), params["mlm_head"])
     table = np.asarray(params["encoder"]["embeddings"]["word_embeddings"]["embedding"], np.float64)
@@ -255,20 +288,25 @@ def test_padding_does_not_leak(tiny):
     model, variables = tiny
     batch = make_batch(real_len=L - 5)
     changed = dict(batch, input_ids=batch["input_ids"].copy(), segment_ids=batch["segment_ids"].copy())
-    changed["input_ids"][:, L - 5:] = 7
-    changed["segment_ids"][:, L - 5:] = 1
+    changed["input_ids"][:, L - 5 :] = 7
+    changed["segment_ids"][:, L - 5 :] = 1
 
     def encode(b):
-        return Encoder(TINY).apply({"params": variables["params"]["encoder"]}, b["input_ids"],
-                                   b["input_mask"], b["segment_ids"], deterministic=True)
+        return Encoder(TINY).apply(
+            {"params": variables["params"]["encoder"]},
+            b["input_ids"],
+            b["input_mask"],
+            b["segment_ids"],
+            deterministic=True,
+        )
 
     before, after = encode(batch), encode(changed)
-    np.testing.assert_allclose(before.sequence_output[:, :L - 5], after.sequence_output[:, :L - 5],
-                               atol=1e-6)
-    assert not np.allclose(before.sequence_output[:, L - 5:], after.sequence_output[:, L - 5:])
+    np.testing.assert_allclose(
+        before.sequence_output[:, : L - 5], after.sequence_output[:, : L - 5], atol=1e-6
+    )
+    assert not np.allclose(before.sequence_output[:, L - 5 :], after.sequence_output[:, L - 5 :])
     for key, value in model.apply(variables, batch, deterministic=True).items():
-        np.testing.assert_allclose(value, model.apply(variables, changed, deterministic=True)[key],
-                                   atol=1e-6)
+        np.testing.assert_allclose(value, model.apply(variables, changed, deterministic=True)[key], atol=1e-6)
 
 
 def test_packed_examples_do_not_attend_to_each_other(tiny):
@@ -286,9 +324,18 @@ def test_packed_examples_do_not_attend_to_each_other(tiny):
     alone_ids[:8], alone_mask[:8] = ids[10:], 1
 
     def encode(ids, mask, **kwargs):
-        return Encoder(TINY).apply({"params": variables["params"]["encoder"]}, ids[None],
-                                   mask[None], np.zeros((1, L), np.int32), deterministic=True,
-                                   **kwargs).sequence_output[0]
+        return (
+            Encoder(TINY)
+            .apply(
+                {"params": variables["params"]["encoder"]},
+                ids[None],
+                mask[None],
+                np.zeros((1, L), np.int32),
+                deterministic=True,
+                **kwargs,
+            )
+            .sequence_output[0]
+        )
 
     packed = encode(packed_ids, packed_mask, positions=positions[None], example_ids=example_ids[None])
     alone = encode(alone_ids, alone_mask)
@@ -306,8 +353,9 @@ def test_explicit_attention_matches_dot_product_attention(dtype, atol):
         expected = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
         actual = explicit_attention(q, k, v, mask)
         assert actual.dtype == expected.dtype == dtype
-        np.testing.assert_allclose(np.asarray(actual, np.float32), np.asarray(expected, np.float32),
-                                   atol=atol)
+        np.testing.assert_allclose(
+            np.asarray(actual, np.float32), np.asarray(expected, np.float32), atol=atol
+        )
     dropped = explicit_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=RNG)
     assert not np.allclose(np.asarray(dropped, np.float32), np.asarray(actual, np.float32))
 
@@ -329,7 +377,8 @@ def test_dropout_and_determinism(tiny):
     # Attention dropout alone (the explicit attention path) changes the output ...
     attention_only = PretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0))
     assert not np.allclose(
-        run(attention_only, deterministic=False, rngs={"dropout": jax.random.key(1)}), reference)
+        run(attention_only, deterministic=False, rngs={"dropout": jax.random.key(1)}), reference
+    )
     # ... and with all rates 0, training mode is the inference function.
     no_dropout = PretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0, attention_dropout_rate=0.0))
     np.testing.assert_allclose(run(no_dropout, deterministic=False), reference, atol=1e-6)
@@ -351,13 +400,15 @@ RULES = (
 
 def _step(model):
     """Deterministic logits, plus loss and gradients with dropout: a train step's work."""
+
     def loss_fn(variables, batch, rng):
         out = model.apply(variables, batch, deterministic=False, rngs={"dropout": rng})
         return out["mlm_logits"].mean() + out["sentence_logits"].mean()
 
     def step(variables, batch, rng):
         return model.apply(variables, batch, deterministic=True), jax.value_and_grad(loss_fn)(
-            variables, batch, rng)
+            variables, batch, rng
+        )
 
     return jax.jit(step)
 
@@ -380,7 +431,8 @@ def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
         shardings = nn.logical_to_mesh_sharding(
-            nn.get_partition_spec(jax.eval_shape(init_fn, RNG)), mesh, RULES)
+            nn.get_partition_spec(jax.eval_shape(init_fn, RNG)), mesh, RULES
+        )
         variables = jax.jit(init_fn, out_shardings=shardings)(RNG)
         sharded_batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
         actual = _step(model)(variables, sharded_batch, RNG)
@@ -388,16 +440,16 @@ def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
     table = variables["params"]["encoder"]["embeddings"]["word_embeddings"]["embedding"].value
     assert table.sharding.spec == PartitionSpec("tensor", "fsdp")
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(variables), expected_variables)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), jax.device_get(actual),
-                 expected)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), jax.device_get(actual), expected)
 
 
 # --- CLI ---------------------------------------------------------------------------------
 
 
 def _summary(*args):
-    return subprocess.run([sys.executable, "-m", "models.summary", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "models.summary", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_summary_cli():
@@ -407,12 +459,12 @@ def test_summary_cli():
     assert abs(int(lines["params"]) / 110e6 - 1) < 0.02
     assert abs(float(lines["train_gflops_per_sequence"]) / 70 - 1) < 0.03
     assert float(lines["train_flops_per_token"]) == pytest.approx(
-        float(lines["train_gflops_per_sequence"]) * 1e9 / 128, rel=1e-4)
+        float(lines["train_gflops_per_sequence"]) * 1e9 / 128, rel=1e-4
+    )
 
 
 def test_summary_cli_reports_cli():
-    result = _summary("--gin_file=configs/models/bert_base.gin",
-                      "--gin_bindings=EncoderConfig.num_heads = 7")
+    result = _summary("--gin_file=configs/models/bert_base.gin", "--gin_bindings=EncoderConfig.num_heads = 7")
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "num_heads" in errors[0]

@@ -7,140 +7,180 @@ import tensorflow as tf
 from data import pipeline, shards
 from tests import synthetic
 
-CONFIG = pipeline.PipelineConfig(max_seq_length=48, max_predictions_per_seq=8, document_shuffle_buffer=20,
-                                 instance_shuffle_buffer=50, dupe_factor=2)
+CONFIG = pipeline.PipelineConfig(
+    max_seq_length=48,
+    max_predictions_per_seq=8,
+    document_shuffle_buffer=20,
+    instance_shuffle_buffer=50,
+    dupe_factor=2,
+)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  directory = str(tmp_path_factory.mktemp("shards"))
-  return synthetic.write_shards(directory, synthetic.make_documents(120, seed=1),
-                                synthetic.make_documents(10, seed=2, first_id=150), num_shards=4)
+    directory = str(tmp_path_factory.mktemp("shards"))
+    return synthetic.write_shards(
+        directory,
+        synthetic.make_documents(120, seed=1),
+        synthetic.make_documents(10, seed=2, first_id=150),
+        num_shards=4,
+    )
 
 
 def _unmasked(batch):
-  """input_ids [B, L] with the original tokens put back at the masked positions."""
-  ids = batch["input_ids"].copy()
-  rows = np.arange(len(ids))[:, None]
-  weights = batch["masked_lm_weights"] > 0
-  ids[rows.repeat(weights.shape[1], 1)[weights], batch["masked_lm_positions"][weights]] = \
-      batch["masked_lm_ids"][weights]
-  return ids
+    """input_ids [B, L] with the original tokens put back at the masked positions."""
+    ids = batch["input_ids"].copy()
+    rows = np.arange(len(ids))[:, None]
+    weights = batch["masked_lm_weights"] > 0
+    ids[rows.repeat(weights.shape[1], 1)[weights], batch["masked_lm_positions"][weights]] = batch[
+        "masked_lm_ids"
+    ][weights]
+    return ids
 
 
 def _take(ds, n):
-  it = iter(ds)
-  return [{k: v.numpy() for k, v in next(it).items()} for _ in range(n)]
+    it = iter(ds)
+    return [{k: v.numpy() for k, v in next(it).items()} for _ in range(n)]
 
 
 def test_batches_have_fixed_shapes_and_design_keys(data_dir):
-  batch = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 1)[0]
-  expected = {"input_ids": (8, 48), "input_mask": (8, 48), "segment_ids": (8, 48), "positions": (8, 48),
-              "masked_lm_positions": (8, 8), "masked_lm_ids": (8, 8), "masked_lm_weights": (8, 8),
-              "sentence_label": (8,)}
-  assert {k: v.shape for k, v in batch.items()} == expected
-  assert batch["masked_lm_weights"].dtype == np.float32
-  assert all(batch[k].dtype == np.int32 for k in expected if k != "masked_lm_weights")
+    batch = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 1)[0]
+    expected = {
+        "input_ids": (8, 48),
+        "input_mask": (8, 48),
+        "segment_ids": (8, 48),
+        "positions": (8, 48),
+        "masked_lm_positions": (8, 8),
+        "masked_lm_ids": (8, 8),
+        "masked_lm_weights": (8, 8),
+        "sentence_label": (8,),
+    }
+    assert {k: v.shape for k, v in batch.items()} == expected
+    assert batch["masked_lm_weights"].dtype == np.float32
+    assert all(batch[k].dtype == np.int32 for k in expected if k != "masked_lm_weights")
 
 
 def test_not_next_b_is_from_another_document_and_labels_balanced(data_dir):
-  labels = []
-  for batch in _take(pipeline.make_dataset(data_dir, "train", CONFIG, 16), 20):
-    for ids, seg, mask, label in zip(_unmasked(batch), batch["segment_ids"], batch["input_mask"],
-                                     batch["sentence_label"]):
-      real = mask.astype(bool)
-      a = ids[real & (seg == 0)][1:-1]
-      b = ids[real & (seg == 1)][:-1]
-      docs_a = {synthetic.doc_and_sentence(t)[0] for t in a}
-      docs_b = {synthetic.doc_and_sentence(t)[0] for t in b}
-      assert len(docs_a) == 1 and len(docs_b) == 1
-      assert (docs_a != docs_b) == bool(label), "label 1 (NotNext) iff B is from another document"
-      labels.append(label)
-  assert 0.4 < np.mean(labels) < 0.75
+    labels = []
+    for batch in _take(pipeline.make_dataset(data_dir, "train", CONFIG, 16), 20):
+        for ids, seg, mask, label in zip(
+            _unmasked(batch), batch["segment_ids"], batch["input_mask"], batch["sentence_label"]
+        ):
+            real = mask.astype(bool)
+            a = ids[real & (seg == 0)][1:-1]
+            b = ids[real & (seg == 1)][:-1]
+            docs_a = {synthetic.doc_and_sentence(t)[0] for t in a}
+            docs_b = {synthetic.doc_and_sentence(t)[0] for t in b}
+            assert len(docs_a) == 1 and len(docs_b) == 1
+            assert (docs_a != docs_b) == bool(label), "label 1 (NotNext) iff B is from another document"
+            labels.append(label)
+    assert 0.4 < np.mean(labels) < 0.75
 
 
 def test_same_seed_same_stream_and_other_seed_other_stream(data_dir):
-  a = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
-  b = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
-  c = _take(pipeline.make_dataset(data_dir, "train", pipeline.PipelineConfig(
-      **{**CONFIG.__dict__, "seed": 7}), 8), 3)
-  for x, y in zip(a, b):
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k])
-  assert not np.array_equal(a[0]["input_ids"], c[0]["input_ids"])
+    a = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
+    b = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
+    c = _take(
+        pipeline.make_dataset(
+            data_dir, "train", pipeline.PipelineConfig(**{**CONFIG.__dict__, "seed": 7}), 8
+        ),
+        3,
+    )
+    for x, y in zip(a, b):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+    assert not np.array_equal(a[0]["input_ids"], c[0]["input_ids"])
 
 
 def test_iterator_checkpoint_resumes_exactly(data_dir, tmp_path):
-  ds = pipeline.make_dataset(data_dir, "train", CONFIG, 8)
-  it = iter(ds)
-  for _ in range(7):
-    next(it)
-  path = tf.train.Checkpoint(iterator=it).write(str(tmp_path / "it"))
-  expected = [next(it)["input_ids"].numpy() for _ in range(40)]  # crosses epoch boundaries
-  restored = iter(pipeline.make_dataset(data_dir, "train", CONFIG, 8))
-  tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
-  for want in expected:
-    np.testing.assert_array_equal(next(restored)["input_ids"].numpy(), want)
+    ds = pipeline.make_dataset(data_dir, "train", CONFIG, 8)
+    it = iter(ds)
+    for _ in range(7):
+        next(it)
+    path = tf.train.Checkpoint(iterator=it).write(str(tmp_path / "it"))
+    expected = [next(it)["input_ids"].numpy() for _ in range(40)]  # crosses epoch boundaries
+    restored = iter(pipeline.make_dataset(data_dir, "train", CONFIG, 8))
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    for want in expected:
+        np.testing.assert_array_equal(next(restored)["input_ids"].numpy(), want)
 
 
 def _is_next_rows(config, first_epoch, data_dir):
-  ds = pipeline.make_dataset(data_dir, "train", config, 8, shuffle=False, first_epoch=first_epoch)
-  rows = []
-  for batch in _take(ds, 4):
-    for i in range(8):
-      if batch["sentence_label"][i] == 0:
-        rows.append((batch["masked_lm_ids"][i], batch["masked_lm_positions"][i]))
-  return rows
+    ds = pipeline.make_dataset(data_dir, "train", config, 8, shuffle=False, first_epoch=first_epoch)
+    rows = []
+    for batch in _take(ds, 4):
+        for i in range(8):
+            if batch["sentence_label"][i] == 0:
+                rows.append((batch["masked_lm_ids"][i], batch["masked_lm_positions"][i]))
+    return rows
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_static_masks_repeat_every_dupe_factor_epochs_dynamic_do_not(mode, data_dir):
-  config = pipeline.PipelineConfig(**{**CONFIG.__dict__, "masking": mode})
-  epoch0 = _is_next_rows(config, 0, data_dir)
-  epoch2 = _is_next_rows(config, 2, data_dir)  # same copy (2 % dupe_factor == 0)
-  epoch1 = _is_next_rows(config, 1, data_dir)
-  same_as_copy = np.mean([np.array_equal(x[1], y[1]) for x, y in zip(epoch0, epoch2)])
-  same_as_next = np.mean([np.array_equal(x[1], y[1]) for x, y in zip(epoch0, epoch1)])
-  assert same_as_next < 0.3
-  if mode == "static":
-    assert same_as_copy == 1.0
-  else:
-    assert same_as_copy < 0.3
+    config = pipeline.PipelineConfig(**{**CONFIG.__dict__, "masking": mode})
+    epoch0 = _is_next_rows(config, 0, data_dir)
+    epoch2 = _is_next_rows(config, 2, data_dir)  # same copy (2 % dupe_factor == 0)
+    epoch1 = _is_next_rows(config, 1, data_dir)
+    same_as_copy = np.mean([np.array_equal(x[1], y[1]) for x, y in zip(epoch0, epoch2)])
+    same_as_next = np.mean([np.array_equal(x[1], y[1]) for x, y in zip(epoch0, epoch1)])
+    assert same_as_next < 0.3
+    if mode == "static":
+        assert same_as_copy == 1.0
+    else:
+        assert same_as_copy < 0.3
 
 
 def _doc_ids(batches):
-  ids = set()
-  for batch in batches:
-    for row, seg in zip(_unmasked(batch), batch["segment_ids"]):
-      ids |= {synthetic.doc_and_sentence(t)[0] for t in row[(seg == 0) & (row >= 1000)]}
-  return ids
+    ids = set()
+    for batch in batches:
+        for row, seg in zip(_unmasked(batch), batch["segment_ids"]):
+            ids |= {synthetic.doc_and_sentence(t)[0] for t in row[(seg == 0) & (row >= 1000)]}
+    return ids
 
 
 def test_hosts_read_disjoint_files_covering_all(data_dir):
-  files = [pipeline.host_files(data_dir, "train", i, 2) for i in range(2)]
-  assert all(not by_doc for _, by_doc in files)
-  assert set(files[0][0]).isdisjoint(files[1][0])
-  assert len(files[0][0]) + len(files[1][0]) == 4
-  seen = [_doc_ids(_take(pipeline.make_dataset(data_dir, "train", CONFIG, 8, process_index=i,
-                                               process_count=2, shuffle=False), 6)) for i in range(2)]
-  assert seen[0] and seen[1] and seen[0].isdisjoint(seen[1])
+    files = [pipeline.host_files(data_dir, "train", i, 2) for i in range(2)]
+    assert all(not by_doc for _, by_doc in files)
+    assert set(files[0][0]).isdisjoint(files[1][0])
+    assert len(files[0][0]) + len(files[1][0]) == 4
+    seen = [
+        _doc_ids(
+            _take(
+                pipeline.make_dataset(
+                    data_dir, "train", CONFIG, 8, process_index=i, process_count=2, shuffle=False
+                ),
+                6,
+            )
+        )
+        for i in range(2)
+    ]
+    assert seen[0] and seen[1] and seen[0].isdisjoint(seen[1])
 
 
 def test_fewer_files_than_hosts_shards_documents(data_dir):
-  files, by_doc = pipeline.host_files(data_dir, "train", 3, 8)
-  assert by_doc and len(files) == 4
-  seen = [_doc_ids(_take(pipeline.make_dataset(data_dir, "train", CONFIG, 4, process_index=i,
-                                               process_count=8, shuffle=False), 2)) for i in range(2)]
-  assert seen[0] and seen[1] and seen[0].isdisjoint(seen[1])
+    files, by_doc = pipeline.host_files(data_dir, "train", 3, 8)
+    assert by_doc and len(files) == 4
+    seen = [
+        _doc_ids(
+            _take(
+                pipeline.make_dataset(
+                    data_dir, "train", CONFIG, 4, process_index=i, process_count=8, shuffle=False
+                ),
+                2,
+            )
+        )
+        for i in range(2)
+    ]
+    assert seen[0] and seen[1] and seen[0].isdisjoint(seen[1])
 
 
 def test_eval_split_is_fixed_and_separate(data_dir):
-  a = _take(pipeline.make_dataset(data_dir, "eval", CONFIG, 4, shuffle=False), 2)
-  b = _take(pipeline.make_dataset(data_dir, "eval", CONFIG, 4, shuffle=False), 2)
-  np.testing.assert_array_equal(a[1]["input_ids"], b[1]["input_ids"])
-  assert _doc_ids(a) and _doc_ids(a) <= set(range(150, 160))
+    a = _take(pipeline.make_dataset(data_dir, "eval", CONFIG, 4, shuffle=False), 2)
+    b = _take(pipeline.make_dataset(data_dir, "eval", CONFIG, 4, shuffle=False), 2)
+    np.testing.assert_array_equal(a[1]["input_ids"], b[1]["input_ids"])
+    assert _doc_ids(a) and _doc_ids(a) <= set(range(150, 160))
 
 
 def test_missing_manifest_is_a_clear_error(tmp_path):
-  with pytest.raises(shards.ShardsError, match="run `python -m data.preprocess"):
-    pipeline.make_dataset(str(tmp_path), "train", CONFIG, 8)
+    with pytest.raises(shards.ShardsError, match="run `python -m data.preprocess"):
+        pipeline.make_dataset(str(tmp_path), "train", CONFIG, 8)

@@ -12,127 +12,177 @@ import tensorflow as tf
 from data import instances, preprocess, shards, tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = ("the cat sat on a mat while dogs ran far away from big red barns and small green "
-         "houses near old stone walls under bright blue skies").split()
+WORDS = (
+    "the cat sat on a mat while dogs ran far away from big red barns and small green "
+    "houses near old stone walls under bright blue skies"
+).split()
 
 
 def _write_corpus(path, num_docs=30, seed=0):
-  rng = np.random.default_rng(seed)
-  docs = []
-  for _ in range(num_docs):
-    sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 12)))).capitalize() + "."
-                 for _ in range(int(rng.integers(2, 7)))]
-    docs.append("\n".join(sentences))
-  path.write_text("\n\n".join(docs) + "\n")
-  return docs
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(num_docs):
+        sentences = [
+            " ".join(rng.choice(WORDS, size=int(rng.integers(3, 12)))).capitalize() + "."
+            for _ in range(int(rng.integers(2, 7)))
+        ]
+        docs.append("\n".join(sentences))
+    path.write_text("\n\n".join(docs) + "\n")
+    return docs
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("tok")
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *sorted(set(WORDS))]
-  (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-  tokenizers.load_tokenizer(str(directory / "vocab.txt")).save(str(directory / "saved"))
-  return str(directory / "saved")
+    directory = tmp_path_factory.mktemp("tok")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *sorted(set(WORDS))]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizers.load_tokenizer(str(directory / "vocab.txt")).save(str(directory / "saved"))
+    return str(directory / "saved")
 
 
 def _read(output, split):
-  manifest = shards.load_manifest(output)
-  files = [os.path.join(output, f) for f in manifest["splits"][split]["files"]]
-  return list(tf.data.TFRecordDataset(files).map(instances.parse_document).as_numpy_iterator())
+    manifest = shards.load_manifest(output)
+    files = [os.path.join(output, f) for f in manifest["splits"][split]["files"]]
+    return list(tf.data.TFRecordDataset(files).map(instances.parse_document).as_numpy_iterator())
 
 
 def test_shards_hold_every_document_with_sentences_kept(tmp_path, tokenizer_dir):
-  texts = _write_corpus(tmp_path / "corpus.txt", num_docs=40)
-  out = str(tmp_path / "out")
-  manifest = preprocess.preprocess(str(tmp_path / "corpus.txt"), tokenizer_dir, out, num_shards=3,
-                                   eval_fraction=0.2, num_workers=2, log=lambda *_: None)
-  train, held = _read(out, "train"), _read(out, "eval")
-  assert len(train) + len(held) == 40 and held and train
-  assert manifest["splits"]["train"]["documents"] == len(train)
-  assert sorted(int(d["doc_id"]) for d in train + held) == list(range(40))
-  tok = tokenizers.load_tokenizer(tokenizer_dir)
-  for doc in train + held:
-    sentences = texts[int(doc["doc_id"])].split("\n")
-    assert doc["sentence_lengths"].tolist() == [len(tok.encode(s)) for s in sentences]
-    assert doc["token_ids"].tolist() == [t for s in sentences for t in tok.encode(s)]
-  assert manifest["vocab_size"] == tok.vocab_size
-  assert manifest["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
-  assert manifest["tokenizer"] == tok.identity()
-  assert tokenizers.load_tokenizer(os.path.join(out, shards.TOKENIZER_DIR)).identity() == tok.identity()
+    texts = _write_corpus(tmp_path / "corpus.txt", num_docs=40)
+    out = str(tmp_path / "out")
+    manifest = preprocess.preprocess(
+        str(tmp_path / "corpus.txt"),
+        tokenizer_dir,
+        out,
+        num_shards=3,
+        eval_fraction=0.2,
+        num_workers=2,
+        log=lambda *_: None,
+    )
+    train, held = _read(out, "train"), _read(out, "eval")
+    assert len(train) + len(held) == 40 and held and train
+    assert manifest["splits"]["train"]["documents"] == len(train)
+    assert sorted(int(d["doc_id"]) for d in train + held) == list(range(40))
+    tok = tokenizers.load_tokenizer(tokenizer_dir)
+    for doc in train + held:
+        sentences = texts[int(doc["doc_id"])].split("\n")
+        assert doc["sentence_lengths"].tolist() == [len(tok.encode(s)) for s in sentences]
+        assert doc["token_ids"].tolist() == [t for s in sentences for t in tok.encode(s)]
+    assert manifest["vocab_size"] == tok.vocab_size
+    assert manifest["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+    assert manifest["tokenizer"] == tok.identity()
+    assert tokenizers.load_tokenizer(os.path.join(out, shards.TOKENIZER_DIR)).identity() == tok.identity()
 
 
 def test_rerun_is_a_noop_and_changed_input_needs_overwrite(tmp_path, tokenizer_dir):
-  corpus = tmp_path / "corpus.txt"
-  _write_corpus(corpus)
-  out = str(tmp_path / "out")
-  preprocess.preprocess(str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2, log=lambda *_: None)
-  stamp = os.path.getmtime(os.path.join(out, shards.MANIFEST))
-  messages = []
-  preprocess.preprocess(str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2, log=messages.append)
-  assert "up to date" in messages[0]
-  assert os.path.getmtime(os.path.join(out, shards.MANIFEST)) == stamp
-  _write_corpus(corpus, seed=1)
-  os.utime(corpus, (stamp + 10, stamp + 10))
-  with pytest.raises(preprocess.PreprocessError, match="--overwrite"):
-    preprocess.preprocess(str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2)
-  preprocess.preprocess(str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2, overwrite=True,
-                        log=lambda *_: None)
+    corpus = tmp_path / "corpus.txt"
+    _write_corpus(corpus)
+    out = str(tmp_path / "out")
+    preprocess.preprocess(
+        str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2, log=lambda *_: None
+    )
+    stamp = os.path.getmtime(os.path.join(out, shards.MANIFEST))
+    messages = []
+    preprocess.preprocess(
+        str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2, log=messages.append
+    )
+    assert "up to date" in messages[0]
+    assert os.path.getmtime(os.path.join(out, shards.MANIFEST)) == stamp
+    _write_corpus(corpus, seed=1)
+    os.utime(corpus, (stamp + 10, stamp + 10))
+    with pytest.raises(preprocess.PreprocessError, match="--overwrite"):
+        preprocess.preprocess(str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2)
+    preprocess.preprocess(
+        str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2, overwrite=True, log=lambda *_: None
+    )
 
 
 def test_single_sentence_documents_warn_then_fail_when_most(tmp_path, tokenizer_dir):
-  corpus = tmp_path / "c.txt"
-  _write_corpus(corpus, num_docs=30)
-  with open(corpus, "a") as f:
-    f.write("\nThe cat sat.\n")
-  messages = []
-  preprocess.preprocess(str(corpus), tokenizer_dir, str(tmp_path / "a"), num_workers=1, eval_fraction=0.2,
-                        log=messages.append)
-  assert any(m.startswith("warning: 1 of 31 documents have a single sentence (first: ") for m in messages)
-  # A blank line between every sentence: almost every document has one sentence.
-  (tmp_path / "d.txt").write_text("\n\n".join(f"The cat sat {w}." for w in WORDS) + "\n")
-  with pytest.raises(preprocess.PreprocessError, match="one sentence per line, a blank line only between"):
-    preprocess.preprocess(str(tmp_path / "d.txt"), tokenizer_dir, str(tmp_path / "b"), num_workers=1,
-                          eval_fraction=0.2)
+    corpus = tmp_path / "c.txt"
+    _write_corpus(corpus, num_docs=30)
+    with open(corpus, "a") as f:
+        f.write("\nThe cat sat.\n")
+    messages = []
+    preprocess.preprocess(
+        str(corpus), tokenizer_dir, str(tmp_path / "a"), num_workers=1, eval_fraction=0.2, log=messages.append
+    )
+    assert any(m.startswith("warning: 1 of 31 documents have a single sentence (first: ") for m in messages)
+    # A blank line between every sentence: almost every document has one sentence.
+    (tmp_path / "d.txt").write_text("\n\n".join(f"The cat sat {w}." for w in WORDS) + "\n")
+    with pytest.raises(preprocess.PreprocessError, match="one sentence per line, a blank line only between"):
+        preprocess.preprocess(
+            str(tmp_path / "d.txt"), tokenizer_dir, str(tmp_path / "b"), num_workers=1, eval_fraction=0.2
+        )
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "data.preprocess", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return subprocess.run(
+        [sys.executable, "-m", "data.preprocess", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
 
 
 def _error_lines(result):
-  return [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    return [l for l in result.stderr.splitlines() if l.startswith("error:")]
 
 
-@pytest.mark.parametrize("make_corpus, message", [
-    (lambda p: str(p / "missing*.txt"), "no files match"),
-    (lambda p: (p.joinpath("empty.txt").write_text("\n\n"), str(p / "empty.txt"))[1], "contains no documents"),
-    (lambda p: (p.joinpath("bad.txt").write_bytes(b"Good line.\nBad \xff byte.\n"), str(p / "bad.txt"))[1],
-     "bad.txt:2: not valid UTF-8"),
-    (lambda p: (p.joinpath("long.txt").write_text("word " * 210_000 + "\n"), str(p / "long.txt"))[1],
-     "long.txt:1: line is 1050000 characters long"),
-])
+@pytest.mark.parametrize(
+    "make_corpus, message",
+    [
+        (lambda p: str(p / "missing*.txt"), "no files match"),
+        (
+            lambda p: (p.joinpath("empty.txt").write_text("\n\n"), str(p / "empty.txt"))[1],
+            "contains no documents",
+        ),
+        (
+            lambda p: (
+                p.joinpath("bad.txt").write_bytes(b"Good line.\nBad \xff byte.\n"),
+                str(p / "bad.txt"),
+            )[1],
+            "bad.txt:2: not valid UTF-8",
+        ),
+        (
+            lambda p: (p.joinpath("long.txt").write_text("word " * 210_000 + "\n"), str(p / "long.txt"))[1],
+            "long.txt:1: line is 1050000 characters long",
+        ),
+    ],
+)
 def test_cli_bad_corpus_gives_one_error_line(tmp_path, tokenizer_dir, make_corpus, message):
-  result = _cli(f"--corpus={make_corpus(tmp_path)}", f"--tokenizer={tokenizer_dir}", f"--output={tmp_path / 'o'}")
-  assert result.returncode == 2
-  assert len(_error_lines(result)) == 1 and message in _error_lines(result)[0], result.stderr[-2000:]
-  assert "Traceback" not in result.stderr
-  assert not os.path.exists(tmp_path / "o" / shards.MANIFEST)
+    result = _cli(
+        f"--corpus={make_corpus(tmp_path)}", f"--tokenizer={tokenizer_dir}", f"--output={tmp_path / 'o'}"
+    )
+    assert result.returncode == 2
+    assert len(_error_lines(result)) == 1 and message in _error_lines(result)[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "o" / shards.MANIFEST)
 
 
 def test_cli_missing_tokenizer(tmp_path):
-  _write_corpus(tmp_path / "c.txt")
-  result = _cli(f"--corpus={tmp_path / 'c.txt'}", f"--tokenizer={tmp_path / 'nope'}", f"--output={tmp_path / 'o'}")
-  assert result.returncode == 2 and len(_error_lines(result)) == 1 and "Traceback" not in result.stderr
+    _write_corpus(tmp_path / "c.txt")
+    result = _cli(
+        f"--corpus={tmp_path / 'c.txt'}", f"--tokenizer={tmp_path / 'nope'}", f"--output={tmp_path / 'o'}"
+    )
+    assert result.returncode == 2 and len(_error_lines(result)) == 1 and "Traceback" not in result.stderr
 
 
 def test_manifest_is_json_with_counts(tmp_path, tokenizer_dir):
-  _write_corpus(tmp_path / "c.txt")
-  result = _cli(f"--corpus={tmp_path / 'c.txt'}", f"--tokenizer={tokenizer_dir}", f"--output={tmp_path / 'o'}",
-                "--num_shards=2", "--eval_fraction=0.2", "--num_workers=2")
-  assert result.returncode == 0, result.stderr[-2000:]
-  manifest = json.loads((tmp_path / "o" / shards.MANIFEST).read_text())
-  assert manifest["splits"]["train"]["files"] == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
-  total = manifest["splits"]["train"]["documents"] + manifest["splits"]["eval"]["documents"]
-  assert total == 30 and "wrote" in result.stdout
+    _write_corpus(tmp_path / "c.txt")
+    result = _cli(
+        f"--corpus={tmp_path / 'c.txt'}",
+        f"--tokenizer={tokenizer_dir}",
+        f"--output={tmp_path / 'o'}",
+        "--num_shards=2",
+        "--eval_fraction=0.2",
+        "--num_workers=2",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "o" / shards.MANIFEST).read_text())
+    assert manifest["splits"]["train"]["files"] == [
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
+    total = manifest["splits"]["train"]["documents"] + manifest["splits"]["eval"]["documents"]
+    assert total == 30 and "wrote" in result.stdout

@@ -15,12 +15,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def run_setup(tmp_path_factory):
-  """Synthetic shards, a tiny gin file for them, and a workdir holding a 2-step checkpoint."""
-  base = tmp_path_factory.mktemp("cli")
-  data_dir = synthetic.write_shards(str(base / "shards"), synthetic.make_documents(40, seed=1, max_len=8),
-                                    synthetic.make_documents(6, seed=2, max_len=8, first_id=150))
-  gin_file = base / "tiny.gin"
-  gin_file.write_text(f"""
+    """Synthetic shards, a tiny gin file for them, and a workdir holding a 2-step checkpoint."""
+    base = tmp_path_factory.mktemp("cli")
+    data_dir = synthetic.write_shards(
+        str(base / "shards"),
+        synthetic.make_documents(40, seed=1, max_len=8),
+        synthetic.make_documents(6, seed=2, max_len=8, first_id=150),
+    )
+    gin_file = base / "tiny.gin"
+    gin_file.write_text(f"""
 include 'configs/models/bert_tiny.gin'
 include 'configs/recipes/bert.gin'
 run.data_dir = '{data_dir}'
@@ -35,54 +38,63 @@ run.log_every = 1
 run.eval_batches = 1
 adamw.warmup_steps = 1
 """)
-  workdir = base / "work"
-  result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}")
-  assert result.returncode == 0, result.stderr[-3000:]
-  return gin_file, workdir
+    workdir = base / "work"
+    result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return gin_file, workdir
 
 
 def _train(*args):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  return subprocess.run([sys.executable, "-m", "pretrain.train", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=300, env=env)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    return subprocess.run(
+        [sys.executable, "-m", "pretrain.train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def _tree_hash(directory):
-  digest = hashlib.sha256()
-  for root, _, files in sorted(os.walk(directory)):
-    for name in sorted(files):
-      digest.update(name.encode())
-      digest.update(open(os.path.join(root, name), "rb").read())
-  return digest.hexdigest()
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(directory)):
+        for name in sorted(files):
+            digest.update(name.encode())
+            digest.update(open(os.path.join(root, name), "rb").read())
+    return digest.hexdigest()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--gin_bindings=run.stepz=3"], "Configurable 'run' doesn't have a parameter named 'stepz'"),
-    (["--gin_bindings=EncoderConfig.hiden_size=8"], "doesn't have a parameter named 'hiden_size'"),
-    (["--gin_bindings=EncoderConfig.vocab_size=999"], "model vocab_size=999 but the shards"),
-    (["--gin_bindings=EncoderConfig.num_heads=3"], "divisible by num_heads"),
-    (["--gin_bindings=run.batch_size=12"], "batch size 12 is not divisible by the data-parallel size 8"),
-    (["--mesh=data:3"], "--mesh 'data:3' has 3 devices but 8 are available"),
-    (["--gin_bindings=run.data_dir='/nonexistent'"], "no manifest.json in '/nonexistent'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--gin_bindings=run.stepz=3"], "Configurable 'run' doesn't have a parameter named 'stepz'"),
+        (["--gin_bindings=EncoderConfig.hiden_size=8"], "doesn't have a parameter named 'hiden_size'"),
+        (["--gin_bindings=EncoderConfig.vocab_size=999"], "model vocab_size=999 but the shards"),
+        (["--gin_bindings=EncoderConfig.num_heads=3"], "divisible by num_heads"),
+        (["--gin_bindings=run.batch_size=12"], "batch size 12 is not divisible by the data-parallel size 8"),
+        (["--mesh=data:3"], "--mesh 'data:3' has 3 devices but 8 are available"),
+        (["--gin_bindings=run.data_dir='/nonexistent'"], "no manifest.json in '/nonexistent'"),
+    ],
+)
 def test_bad_input_is_one_error_line_and_checkpoints_stay(run_setup, extra, message):
-  gin_file, workdir = run_setup
-  before = _tree_hash(workdir / "checkpoints")
-  result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}", *extra)
-  errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-  assert result.returncode == 2, result.stderr[-3000:]
-  assert len(errors) == 1 and message in errors[0], errors or result.stderr[-3000:]
-  assert "Traceback" not in result.stderr
-  assert _tree_hash(workdir / "checkpoints") == before
+    gin_file, workdir = run_setup
+    before = _tree_hash(workdir / "checkpoints")
+    result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}", *extra)
+    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(errors) == 1 and message in errors[0], errors or result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert _tree_hash(workdir / "checkpoints") == before
 
 
 def test_missing_gin_file(tmp_path):
-  result = _train("--gin_file=configs/runs/nope.gin", f"--workdir={tmp_path}")
-  assert result.returncode == 2 and "cannot read --gin_file configs/runs/nope.gin" in result.stderr
+    result = _train("--gin_file=configs/runs/nope.gin", f"--workdir={tmp_path}")
+    assert result.returncode == 2 and "cannot read --gin_file configs/runs/nope.gin" in result.stderr
 
 
 def test_finished_run_started_again_resumes_and_stops(run_setup):
-  gin_file, workdir = run_setup
-  result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}")
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "resumed from step 2" in result.stderr and "done: step 2" in result.stdout
+    gin_file, workdir = run_setup
+    result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from step 2" in result.stderr and "done: step 2" in result.stdout
