@@ -8,7 +8,8 @@ Every document carries the number of the epoch it was read in: instance layout a
 static masks use the *copy* `epoch % dupe_factor` (the original wrote `dupe_factor`
 differently-masked copies of the data); dynamic masking uses the epoch itself, so every
 pass gets fresh masks. All randomness is stateless and seeded, so the stream is a pure
-function of (files, config, process index); the iterator is checkpointable with `tf.train.Checkpoint(iterator=it)` for exact resume.
+function of (this host's files, config); the iterator is checkpointable with
+`tf.train.Checkpoint(iterator=it)` for exact resume.
 
 Batches are dicts of numpy-convertible tensors with the keys of DESIGN.md:
 input_ids, input_mask, segment_ids, positions [B, L] int32; masked_lm_positions,

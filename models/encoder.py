@@ -41,6 +41,14 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 }
 _DTYPES = ("float32", "bfloat16", "float16")
 _ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
+# What the backward pass may keep from the forward pass of each layer (the rest is
+# recomputed): "none" keeps everything (no remat), "full" keeps only the layer inputs,
+# "dots_saveable" keeps matmul outputs and recomputes the cheap elementwise work.
+_REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 # The value jax.nn.dot_product_attention's XLA path gives masked logits, so both
 # attention paths below agree exactly; finite, so fully padded rows give no NaN.
 _MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -63,6 +71,8 @@ class EncoderConfig:
       attention_implementation: `implementation` of jax.nn.dot_product_attention
         (None = let JAX choose, "xla", "cudnn"); unused while attention dropout is
         active in training (see `explicit_attention`).
+      remat_policy: rematerialisation of each layer in the backward pass: "none",
+        "full" or "dots_saveable" (memory at length 512 / large models vs ~30% compute).
     """
 
     vocab_size: int = 30522
@@ -80,6 +90,7 @@ class EncoderConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention_implementation: str | None = None
+    remat_policy: str = "none"
 
     def __post_init__(self):
         def fail(name: str, requirement: str) -> None:
@@ -108,6 +119,8 @@ class EncoderConfig:
                 fail(name, f"one of {_DTYPES}")
         if self.attention_implementation not in _ATTENTION_IMPLEMENTATIONS:
             fail("attention_implementation", f"one of {_ATTENTION_IMPLEMENTATIONS}")
+        if self.remat_policy not in _REMAT_POLICIES:
+            fail("remat_policy", f"one of {sorted(_REMAT_POLICIES)}")
 
     @property
     def head_dim(self) -> int:
@@ -334,8 +347,11 @@ class TransformerLayer(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array, *, deterministic: bool) -> jax.Array:
-        """x: [B, L, H] compute dtype; mask: from `attention_mask`. Returns [B, L, H] compute dtype."""
+    def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+        """x: [B, L, H] compute dtype; mask: from `attention_mask`. Returns [B, L, H] compute dtype.
+
+        `deterministic` is positional so that nn.remat can mark it static.
+        """
         cfg = self.config
         dropout = nn.Dropout(cfg.dropout_rate)
         attended = SelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
@@ -395,7 +411,11 @@ class Encoder(nn.Module):
             input_ids, segment_ids, positions, deterministic=deterministic
         )
         mask = attention_mask(input_mask, example_ids)
+        layer = TransformerLayer
+        if cfg.remat_policy != "none":
+            # Argument 3 (self, x, mask, deterministic) is a Python bool: static.
+            layer = nn.remat(TransformerLayer, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=(3,))
         for i in range(cfg.num_layers):
-            x = TransformerLayer(cfg, name=f"layer_{i}")(x, mask, deterministic=deterministic)
+            x = layer(cfg, name=f"layer_{i}")(x, mask, deterministic)
         pooled = jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(x[:, 0]))
         return EncoderOutput(sequence_output=x, pooled_output=pooled, word_embeddings=word_embeddings)

@@ -40,17 +40,33 @@ def sentence_loss_and_metrics(logits: jax.Array, labels: jax.Array) -> dict[str,
     }
 
 
+def normalizers(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """The denominators of the batch means: number of MLM predictions and of rows."""
+    return {
+        "mlm_weight": jnp.sum(batch["masked_lm_weights"]),
+        "sentence_count": jnp.asarray(batch["input_ids"].shape[0], jnp.float32),
+    }
+
+
 def pretraining_loss(
-    outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
+    outputs: Mapping[str, jax.Array],
+    batch: Mapping[str, jax.Array],
+    denominators: Mapping[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Total loss (MLM mean + sentence mean) and the metric sums of one batch."""
+    """Total loss (MLM mean + sentence mean) and the metric sums of one batch.
+
+    `denominators` (from `normalizers` of the whole batch) lets a microbatch compute its
+    share of the whole batch's loss, so that accumulated gradients equal the full
+    batch's; by default the means are over this batch.
+    """
     sums = mlm_loss_and_metrics(outputs["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"])
+    denominators = denominators or normalizers(batch)
     # BERT adds 1e-5 to the denominator so a batch without predictions gives 0, not NaN.
-    loss = sums["mlm_loss_sum"] / (sums["mlm_weight"] + 1e-5)
+    loss = sums["mlm_loss_sum"] / (denominators["mlm_weight"] + 1e-5)
     if "sentence_logits" in outputs:
         sentence = sentence_loss_and_metrics(outputs["sentence_logits"], batch["sentence_label"])
         sums.update(sentence)
-        loss = loss + sentence["sentence_loss_sum"] / sentence["sentence_count"]
+        loss = loss + sentence["sentence_loss_sum"] / denominators["sentence_count"]
     return loss, sums
 
 

@@ -11,7 +11,9 @@ uses fsdp).
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from typing import Sequence
 
 import gin
@@ -42,6 +44,28 @@ def logical_axis_rules(fsdp_embed: bool = True) -> tuple[tuple[str, str | tuple[
         (axes.KV, None),
         (axes.PREDICTIONS, None),
     )
+
+
+def initialize_distributed(mode: str = "auto") -> bool:
+    """Joins the other hosts of a pod (`jax.distributed.initialize`) when there are any.
+
+    mode "auto" initialises when the environment describes several hosts: a Cloud TPU
+    pod slice (TPU_WORKER_HOSTNAMES lists more than one worker) or an explicit
+    coordinator (JAX_COORDINATOR_ADDRESS, e.g. GPU clusters); "on" always, "off" never.
+    Must run before any other JAX call. Returns whether it initialised.
+    """
+    if mode not in ("auto", "on", "off"):
+        raise MeshError(f"--distributed must be auto, on or off, got {mode!r}")
+    workers = [w for w in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if w.strip()]
+    wanted = mode == "on" or (
+        mode == "auto" and (len(workers) > 1 or bool(os.environ.get("JAX_COORDINATOR_ADDRESS")))
+    )
+    if wanted:
+        jax.distributed.initialize()
+        logging.getLogger("pretrain").info(
+            "distributed: process %d of %d", jax.process_index(), jax.process_count()
+        )
+    return wanted
 
 
 def parse_mesh(spec: str | None, num_devices: int) -> dict[str, int]:
@@ -92,13 +116,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
-def check_batch_size(global_batch: int, mesh: Mesh, process_count: int) -> int:
-    """Validates the global batch against the mesh and hosts; returns rows per host."""
+def check_batch_size(global_batch: int, mesh: Mesh, process_count: int, microbatches: int = 1) -> int:
+    """Validates the global batch against the mesh, hosts and microbatches; returns rows per host."""
     dp = data_parallel_size(mesh)
     if global_batch % dp:
         raise MeshError(
             f"batch size {global_batch} is not divisible by the data-parallel size {dp} "
             f"(data x fsdp of mesh {dict(mesh.shape)}): change train batch_size or --mesh"
+        )
+    if microbatches < 1 or global_batch % (microbatches * dp):
+        raise MeshError(
+            f"batch size {global_batch} is not divisible by microbatches x data-parallel size = "
+            f"{microbatches} x {dp}: change run.batch_size or run.microbatches"
         )
     if global_batch % process_count:
         raise MeshError(f"batch size {global_batch} is not divisible by the {process_count} hosts")

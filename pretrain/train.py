@@ -21,6 +21,12 @@ _GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "gin bindings, e.g
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "where checkpoints, metrics and the summary go", required=True
 )
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed",
+    "auto",
+    ["auto", "on", "off"],
+    "jax.distributed.initialize(): auto = when the environment lists several hosts (TPU pod)",
+)
 _MESH = flags.DEFINE_string(
     "mesh", None, "e.g. 'data:4,fsdp:2,tensor:1' (one size may be -1); default: every device on 'data'"
 )
@@ -31,7 +37,10 @@ def main(argv):
     import jax
     import tensorflow as tf
 
-    from pretrain import trainer
+    from pretrain import sharding, trainer
+
+    with cli.user_errors():
+        sharding.initialize_distributed(_DISTRIBUTED.value)  # before any other JAX call
 
     tf.config.set_visible_devices([], "GPU")  # tf.data only: keep TF off the accelerators
     cli.setup_logging(jax.process_index() == 0)

@@ -28,6 +28,7 @@ import tensorflow as tf
 from flax import traverse_util
 
 from data import pipeline, shards
+from models import axes
 from models.encoder import EncoderConfig
 from models.pretraining import PretrainingModel, flops_per_sequence
 from pretrain import checkpointing, losses, optim, sharding
@@ -57,6 +58,26 @@ def params_sha256(params: Any) -> str:
     return digest.hexdigest()
 
 
+def _loss_grads_sums(params, batch, dropout_rng, denominators, model):
+    def loss_fn(params):
+        outputs = model.apply({"params": params}, batch, deterministic=False, rngs={"dropout": dropout_rng})
+        return losses.pretraining_loss(outputs, batch, denominators)
+
+    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return loss, grads, sums
+
+
+def split_microbatches(batch: Mapping[str, jax.Array], k: int) -> dict[str, jax.Array]:
+    """[B, ...] -> [k, B/k, ...]; microbatch j holds rows j, j+k, ... so that every
+    device's rows contribute to every microbatch (no resharding between them)."""
+
+    def split(x):
+        x = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+        return nn.with_logical_constraint(x, (None, axes.BATCH) + (None,) * (x.ndim - 2))
+
+    return {key: split(x) for key, x in batch.items()}
+
+
 def train_step(
     state: TrainState,
     batch: Mapping[str, jax.Array],
@@ -65,15 +86,35 @@ def train_step(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
+    microbatches: int = 1,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step. Dropout randomness is fold_in(rng, step): resumable and order-free."""
+    """One optimizer step on the global batch, optionally accumulated over microbatches.
+
+    Dropout randomness is fold_in(rng, step) (and the microbatch index): resumable and
+    independent of the loop. With k microbatches the gradients of k slices, each
+    normalised by the whole batch's counts, are summed in a `lax.scan`: the optimizer
+    sees the same gradient as one step on the full batch, with 1/k of the activations.
+    """
     dropout_rng = jax.random.fold_in(rng, state.step)
+    denominators = losses.normalizers(batch)
+    if microbatches == 1:
+        loss, grads, sums = _loss_grads_sums(state.params, batch, dropout_rng, denominators, model)
+    else:
+        micro = split_microbatches(batch, microbatches)
 
-    def loss_fn(params):
-        outputs = model.apply({"params": params}, batch, deterministic=False, rngs={"dropout": dropout_rng})
-        return losses.pretraining_loss(outputs, batch)
+        def accumulate(total, xs):
+            index, microbatch = xs
+            out = _loss_grads_sums(
+                state.params, microbatch, jax.random.fold_in(dropout_rng, index), denominators, model
+            )
+            return jax.tree.map(jnp.add, total, out), None
 
-    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        first = jax.tree.map(lambda x: x[0], micro)
+        shapes = jax.eval_shape(
+            functools.partial(_loss_grads_sums, model=model), state.params, first, dropout_rng, denominators
+        )
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        (loss, grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), micro))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(sums, loss=loss, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
@@ -99,6 +140,11 @@ class Setup:
     eval_step: Callable
 
 
+def shaped_like(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs with the shapes/dtypes of `tree` and the given shardings."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
 def build(
     model_config: EncoderConfig,
     optimizer: optax.GradientTransformation,
@@ -108,8 +154,14 @@ def build(
     rules: tuple,
     seed: int,
     sentence_objective: bool,
+    microbatches: int = 1,
+    materialize: bool = True,
 ) -> Setup:
-    """Creates the sharded train state (eval_shape -> specs -> jit(init)) and the jitted steps."""
+    """Creates the sharded train state (eval_shape -> specs -> jit(init)) and the jitted steps.
+
+    With materialize=False the state is only its shapes and shardings (ShapeDtypeStructs):
+    enough to lower and compile the step, e.g. to read its memory use, allocating nothing.
+    """
     model = PretrainingModel(model_config, sentence_objective=sentence_objective)
 
     def init_boxed(rng):
@@ -119,12 +171,17 @@ def build(
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         abstract = jax.eval_shape(init_boxed, jax.random.key(seed))
         state_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
-        state = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_shardings)(
-            jax.random.key(seed)
-        )
+        if materialize:
+            state = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_shardings)(
+                jax.random.key(seed)
+            )
+    if not materialize:  # outside the mesh: unboxing there would apply sharding constraints
+        state = shaped_like(nn.meta.unbox(abstract), state_shardings)
     data = sharding.batch_sharding(mesh)
     step = jax.jit(
-        functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule),
+        functools.partial(
+            train_step, model=model, optimizer=optimizer, schedule=schedule, microbatches=microbatches
+        ),
         in_shardings=(state_shardings, data, None),
         out_shardings=(state_shardings, None),
         donate_argnums=0,
@@ -212,6 +269,7 @@ def run(
     pipeline_config: pipeline.PipelineConfig = gin.REQUIRED,
     steps: int = gin.REQUIRED,
     batch_size: int = 256,
+    microbatches: int = 1,
     optimizer_fn: Callable = optim.adamw,
     sentence_objective: bool = True,
     seed: int = 0,
@@ -231,6 +289,8 @@ def run(
       model_config, pipeline_config: the model and the instance/masking recipe.
       steps: total optimizer steps (the schedule decays to 0 there).
       batch_size: global batch (rows over all hosts).
+      microbatches: gradient accumulation: the step runs k slices of the global batch
+        in a scan and applies one update (RoBERTa's 8k / ALBERT's 4096 on few devices).
       optimizer_fn: `f(total_steps) -> (optax transformation, schedule)`, e.g. optim.adamw.
       sentence_objective: train the NSP head (False: MLM only).
       seed: parameter init and dropout seed (the data seed is in pipeline_config).
@@ -243,7 +303,7 @@ def run(
     manifest = shards.load_manifest(data_dir)
     check_vocab(model_config, manifest, data_dir)
     mesh = sharding.make_mesh(mesh_spec)
-    local_batch = sharding.check_batch_size(batch_size, mesh, jax.process_count())
+    local_batch = sharding.check_batch_size(batch_size, mesh, jax.process_count(), microbatches)
     tf.io.gfile.makedirs(workdir)
     with tf.io.gfile.GFile(os.path.join(workdir, "config.gin"), "w") as f:
         f.write(gin.config_str())
@@ -262,16 +322,15 @@ def run(
         k: np.zeros((1, *v.shape[1:]), v.dtype.as_numpy_dtype) for k, v in train_ds.element_spec.items()
     }
     rules = sharding.logical_axis_rules()
-    setup = build(model_config, optimizer, schedule, example, mesh, rules, seed, sentence_objective)
+    setup = build(
+        model_config, optimizer, schedule, example, mesh, rules, seed, sentence_objective, microbatches
+    )
     state = setup.state
 
     ckpt = checkpointing.Checkpointer(workdir, max_to_keep=max_checkpoints)
     resumed_from = ckpt.latest_step()
     if resumed_from is not None:
-        abstract = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, setup.state_shardings
-        )
-        state = ckpt.restore(resumed_from, abstract, iterator)
+        state = ckpt.restore(resumed_from, shaped_like(state, setup.state_shardings), iterator)
         log.info("resumed from step %d in %s", resumed_from, workdir)
     writer = MetricsWriter(workdir)
     writer.text("config", gin.config_str())
