@@ -43,6 +43,11 @@ class MaskedLMHead(nn.Module):
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
         x = cfg.activation(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="transform")(x))
         x = layer_norm(cfg, name="transform_layer_norm")(x).astype(cfg.compute_dtype)
+        # Back to the residual layout before the tied decoder: the square transform leaves
+        # H labelled `mlp` (split over `tensor`), which the decoder's V also uses. Left to
+        # the partitioner, that einsum's backward came out wrong on data x fsdp x tensor
+        # meshes (tests/test_sharding.py::test_every_mesh_equals_single_device).
+        x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
         # Inputs in compute dtype, accumulation and result in float32: the logits
         # feed a softmax over V entries.
         logits = jnp.einsum(
