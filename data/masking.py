@@ -56,7 +56,8 @@ def mask_tokens(
     for token in never_mask_ids:
         candidate = tf.logical_and(candidate, tf.not_equal(input_ids, token))
 
-    num_real = tf.reduce_sum(tf.cast(real, tf.float32))
+    # float64 and round-half-to-even, exactly Python's round() in the original.
+    num_real = tf.reduce_sum(tf.cast(real, tf.float64))
     num_to_predict = tf.minimum(
         max_predictions_per_seq, tf.maximum(1, tf.cast(tf.round(num_real * masked_lm_prob), tf.int32))
     )

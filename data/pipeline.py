@@ -29,6 +29,7 @@ from data import instances, masking, shards
 
 _SALT_DOC = 11
 _SALT_MASK = 12
+_SALT_PAIR = 13
 
 
 @gin.configurable
@@ -88,6 +89,17 @@ def host_files(data_dir: str, split: str, process_index: int, process_count: int
     manifest = shards.load_manifest(data_dir)
     files = [os.path.join(data_dir, f) for f in manifest["splits"][split]["files"]]
     if len(files) >= process_count:
+        if len(files) % process_count:
+            logging.warning(
+                "%d %s files for %d hosts: hosts read %d or %d files, so the data mixture is "
+                "uneven; preprocess with --num_shards a multiple of %d",
+                len(files),
+                split,
+                process_count,
+                len(files) // process_count,
+                len(files) // process_count + 1,
+                process_count,
+            )
         return files[process_index::process_count], False
     logging.warning(
         "%d %s files for %d hosts: sharding by document instead of by file; "
@@ -209,7 +221,7 @@ def instance_stream(
 
     def pair(chunk, candidates):
         epoch = chunk["epoch"]
-        seed = instances.derive_seed(base, _SALT_DOC, copy_of(epoch), chunk["doc_id"], chunk["chunk_index"])
+        seed = instances.derive_seed(base, _SALT_PAIR, copy_of(epoch), chunk["doc_id"], chunk["chunk_index"])
         pair = instances.attach_random_b(chunk, candidates, seed=seed)
         pair = instances.truncate_pair(pair, seed=seed, max_num_tokens=config.max_seq_length - 3)
         row = instances.format_pair(

@@ -274,6 +274,10 @@ class SelfAttention(nn.Module):
 
         query, key, value = project("query"), project("key"), project("value")
         if deterministic or cfg.attention_dropout_rate == 0.0:
+            if cfg.attention_implementation == "cudnn":
+                # cuDNN's fused kernel takes a mask only at its full [B, 1, L, L] shape.
+                length = query.shape[1]
+                mask = jnp.broadcast_to(mask, (mask.shape[0], 1, length, length))
             context = jax.nn.dot_product_attention(
                 query, key, value, mask=mask, implementation=cfg.attention_implementation
             )

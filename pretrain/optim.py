@@ -36,9 +36,13 @@ def decay_mask(params) -> dict:
     """True for parameters that get weight decay: everything but biases and LayerNorm.
 
     In Flax, LayerNorm's parameters are `scale` and `bias`, and only LayerNorm has `scale`.
+    Any name ending in `bias` is a bias (the MLM head's `output_bias` included), as in the
+    original's `exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]` substring match.
     """
     flat = traverse_util.flatten_dict(params)
-    return traverse_util.unflatten_dict({path: path[-1] not in ("bias", "scale") for path in flat})
+    return traverse_util.unflatten_dict(
+        {path: not (path[-1].endswith("bias") or path[-1] == "scale") for path in flat}
+    )
 
 
 @gin.configurable

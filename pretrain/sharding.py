@@ -137,4 +137,11 @@ def check_batch_size(global_batch: int, mesh: Mesh, process_count: int, microbat
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """This host's rows -> global jax.Arrays sharded over the batch axes of the mesh."""
     sharding = batch_sharding(mesh)
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+    # Every host holds the same number of rows; the explicit global shape makes a host
+    # with a wrong row count fail here instead of producing a silently smaller batch.
+    return {
+        k: jax.make_array_from_process_local_data(
+            sharding, v, (v.shape[0] * jax.process_count(), *v.shape[1:])
+        )
+        for k, v in local_batch.items()
+    }

@@ -32,6 +32,7 @@ from models import axes
 from models.encoder import EncoderConfig
 from models.pretraining import PretrainingModel, flops_per_sequence
 from pretrain import checkpointing, losses, optim, sharding
+from pretrain import workdir as workdir_lib
 
 log = logging.getLogger("pretrain")
 
@@ -202,7 +203,11 @@ def evaluate(
     batch_size: int,
     num_batches: int,
 ) -> dict[str, float]:
-    """Mean metrics over the first `num_batches` batches of the held-out split (always the same)."""
+    """Mean metrics over the first `num_batches` batches of the held-out split (always the same).
+
+    batch_size: global rows per eval batch; the caller passes the training microbatch
+    size so that evaluation never needs more activation memory than a training step.
+    """
     ds = pipeline.make_dataset(
         data_dir,
         "eval",
@@ -295,7 +300,7 @@ def run(
       sentence_objective: train the NSP head (False: MLM only).
       seed: parameter init and dropout seed (the data seed is in pipeline_config).
       log_every, eval_every, checkpoint_every: cadences in steps (and always at the end).
-      eval_batches: held-out batches per evaluation.
+      eval_batches: held-out batches (of batch_size rows) per evaluation.
       eval_at_start: also evaluate the initial parameters (the demo reports start vs end).
       mesh_spec: e.g. 'data:4,fsdp:2,tensor:1'; None puts every device on `data`.
     """
@@ -305,8 +310,10 @@ def run(
     mesh = sharding.make_mesh(mesh_spec)
     local_batch = sharding.check_batch_size(batch_size, mesh, jax.process_count(), microbatches)
     tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(os.path.join(workdir, "config.gin"), "w") as f:
-        f.write(gin.config_str())
+    if jax.process_index() == 0:
+        with tf.io.gfile.GFile(os.path.join(workdir, "config.gin"), "w") as f:
+            f.write(gin.config_str())
+        workdir_lib.write_model_info(workdir, model_config, data_dir)
 
     optimizer, schedule = optimizer_fn(total_steps=steps)
     train_ds = pipeline.make_dataset(
@@ -336,7 +343,15 @@ def run(
     writer.text("config", gin.config_str())
 
     def run_eval(at_step):
-        values = evaluate(setup, state.params, data_dir, pipeline_config, batch_size, eval_batches)
+        # The same held-out rows as one full batch per eval batch, in microbatch-sized pieces.
+        values = evaluate(
+            setup,
+            state.params,
+            data_dir,
+            pipeline_config,
+            batch_size // microbatches,
+            eval_batches * microbatches,
+        )
         writer.write(at_step, "eval", values)
         log.info("eval step %d: %s", at_step, "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
         return values

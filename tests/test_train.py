@@ -8,6 +8,7 @@ import pytest
 from data import pipeline
 from models.encoder import EncoderConfig
 from pretrain import optim, sharding, trainer
+from pretrain import workdir as workdir_lib
 from tests import synthetic
 
 TINY = EncoderConfig(
@@ -73,6 +74,10 @@ def test_loss_falls_and_outputs_are_written(tmp_path, data_dir):
     assert [l["step"] for l in lines if l["split"] == "eval"] == [0, 30]
     assert os.listdir(tmp_path / "tensorboard")
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "25", "30"]
+    # What fine-tuning and export read back: the config and the final parameters.
+    assert workdir_lib.load_model_config(str(tmp_path)) == TINY
+    params, step = workdir_lib.load_params(str(tmp_path))
+    assert step == 30 and trainer.params_sha256(params) == summary["params_sha256"]
 
 
 def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):
