@@ -4,25 +4,110 @@ Layout of a workdir:
 
     checkpoints/<step>/...            orbax (atomic: written to a temporary name, then renamed)
     data_iterators/<step>/process_<i>.*   tf.data iterator state of host i at that step
+    bad_checkpoints/<step>[-<n>]/     checkpoints found unreadable at start, moved aside (never deleted)
 
 The iterator state is written *before* the orbax step is finalised, so every finalised
 step has its iterator files; iterator folders of steps orbax no longer keeps are deleted.
 Restoring both gives an exact resume: same step, parameters, optimizer state, schedule
 position, and the next batch is the one the interrupted run would have seen.
+
+A save killed half-way leaves only orbax's temporary folder, which is never a step, so
+"latest" is always a complete checkpoint. A finalised checkpoint that is damaged later
+(truncated or deleted files) fails to restore: `restore_latest` reports it in one line,
+moves it to bad_checkpoints/ and falls back to the one before. A checkpoint that is
+intact but does not fit the current config (other model or optimizer) is an error
+instead, and nothing is moved: that is a config problem, not a damaged file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow as tf
+from jax.experimental import multihost_utils
+
+log = logging.getLogger("pretrain")
+
+BAD_CHECKPOINTS = "bad_checkpoints"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be restored (one line, user-facing)."""
+    """A checkpoint that cannot be written or restored (one line, user-facing)."""
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+def _absolute(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
+
+
+def check_writable(workdir: str) -> None:
+    """Fails before anything is built when the workdir cannot be created or written."""
+    probe = os.path.join(workdir, ".write_probe")
+    try:
+        tf.io.gfile.makedirs(workdir)
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+        raise CheckpointError(
+            f"workdir '{workdir}' is not writable ({_one_line(e)}): "
+            "choose another --workdir or fix its permissions"
+        ) from None
+
+
+def check_free_space(workdir: str, checkpoint_bytes: int, max_to_keep: int) -> None:
+    """Fails when one checkpoint cannot fit on the workdir's disk; warns when the kept ones cannot.
+
+    checkpoint_bytes: size of the train state (parameters + optimizer state) in bytes.
+    Local disks only (object stores such as gs:// have no such limit).
+    """
+    if "://" in workdir:
+        return
+    free = shutil.disk_usage(workdir).free
+    if free < checkpoint_bytes:
+        raise CheckpointError(
+            f"only {free / 1e9:.2f} GB free under '{workdir}' but one checkpoint needs about "
+            f"{checkpoint_bytes / 1e9:.2f} GB: free space or use another --workdir"
+        )
+    if free < checkpoint_bytes * (max_to_keep + 1):
+        log.warning(
+            "%.2f GB free under %s: less than the %d checkpoints of %.2f GB this run keeps, plus one",
+            free / 1e9,
+            workdir,
+            max_to_keep,
+            checkpoint_bytes / 1e9,
+        )
+
+
+def _all_hosts_ok(ok: bool) -> bool:
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{'/'-joined path: shape} of the leaves of a (metadata or abstract) tree."""
+    return {
+        "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path): tuple(
+            leaf.shape
+        )
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    }
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of a (possibly abstract) train state: what one orbax checkpoint stores, uncompressed."""
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(state))
 
 
 class Checkpointer:
@@ -30,10 +115,14 @@ class Checkpointer:
 
     def __init__(self, workdir: str, *, max_to_keep: int = 3):
         self.workdir = workdir
+        self.directory = os.path.join(_absolute(workdir), "checkpoints")
         self._iterators_dir = os.path.join(workdir, "data_iterators")
-        self.manager = ocp.CheckpointManager(
-            os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints"),
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        self._max_to_keep = max_to_keep
+        self.manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep, create=True)
         )
 
     def latest_step(self) -> int | None:
@@ -43,23 +132,120 @@ class Checkpointer:
         return os.path.join(self._iterators_dir, str(step), f"process_{jax.process_index()}")
 
     def save(self, step: int, state: Any, iterator: tf.data.Iterator) -> None:
-        tf.train.Checkpoint(iterator=iterator).write(self._iterator_prefix(step))
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+        """Starts saving `step` (orbax finishes in the background); a failure is a CheckpointError."""
+        previous = self.latest_step()
+        try:
+            self.manager.wait_until_finished()  # surfaces a failure of the previous async save
+            tf.train.Checkpoint(iterator=iterator).write(self._iterator_prefix(step))
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+        except Exception as e:  # pylint: disable=broad-except  (disk full, permissions, GCS errors ...)
+            raise self._save_error(step, previous, e) from None
         self._delete_stale_iterators()
+
+    def wait(self) -> None:
+        """Blocks until the last save is complete on disk; a failure is a CheckpointError."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # pylint: disable=broad-except
+            raise self._save_error(None, self.latest_step(), e) from None
+
+    def _save_error(self, step: int | None, previous: int | None, e: BaseException) -> CheckpointError:
+        kept = (
+            f"the last complete checkpoint is step {previous}"
+            if previous is not None
+            else "no checkpoint was completed"
+        )
+        what = f"checkpoint {step}" if step is not None else "a checkpoint"
+        return CheckpointError(
+            f"saving {what} in {self.directory} failed ({_one_line(e)}); {kept}: "
+            "free space or fix the workdir, then run the same command to resume"
+        )
+
+    def restore_latest(self, abstract_state: Any, iterator: tf.data.Iterator) -> tuple[Any, int | None]:
+        """Restores the newest readable checkpoint into `abstract_state`'s shardings.
+
+        Returns (state, step), or (None, None) when the workdir has no checkpoint. Damaged
+        checkpoints are moved to bad_checkpoints/ (one log line each) and skipped.
+        """
+        while (step := self.latest_step()) is not None:
+            self._check_compatible(step, abstract_state)
+            error = None
+            try:
+                state = self.restore(step, abstract_state, iterator)
+            except Exception as e:  # pylint: disable=broad-except  (tensorstore/TF errors of damaged files)
+                error = e
+            # Every host must take the same step, even when only one host's files are damaged.
+            if _all_hosts_ok(error is None):
+                return state, step
+            moved = self._quarantine(step)
+            log.warning(
+                "checkpoint step %d is damaged (%s): moved to %s, resuming from the one before",
+                step,
+                _one_line(error) if error else "damaged on another host",
+                moved,
+            )
+        return None, None
 
     def restore(self, step: int, abstract_state: Any, iterator: tf.data.Iterator) -> Any:
         """Restores step `step` into the shardings of `abstract_state`, and the iterator in place."""
         prefix = self._iterator_prefix(step)
         if not tf.io.gfile.glob(prefix + ".index"):
-            raise CheckpointError(
-                f"checkpoint step {step} in {self.workdir} has no data iterator state "
-                f"({prefix}.index): delete checkpoints/{step} to resume from the one before"
-            )
+            raise FileNotFoundError(f"no data iterator state {prefix}.index")
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
         )
         tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
         return restored["state"]
+
+    def _check_compatible(self, step: int, abstract_state: Any) -> None:
+        """Raises CheckpointError when an intact checkpoint holds a differently shaped state.
+
+        Reads only orbax's metadata (shapes); unreadable metadata is left to `restore`,
+        which then treats the checkpoint as damaged.
+        """
+        try:
+            metadata = ocp.PyTreeCheckpointer().metadata(os.path.join(self.directory, str(step), "state"))
+            saved = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata
+            saved_params = _shapes(saved["params"])
+        except Exception:  # pylint: disable=broad-except
+            return
+        wanted_params = _shapes(abstract_state.params)
+        fix = "use a new --workdir, or the config this run was started with"
+        if saved_params.keys() != wanted_params.keys():
+            diff = sorted(saved_params.keys() ^ wanted_params.keys())
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} holds another model "
+                f"({len(diff)} differing parameters, e.g. {diff[0]}): {fix}"
+            )
+        for key, shape in wanted_params.items():
+            if saved_params[key] != shape:
+                raise CheckpointError(
+                    f"checkpoint step {step} in {self.directory} has parameter {key} of shape "
+                    f"{saved_params[key]}, the config gives {shape}: {fix}"
+                )
+        if sorted(_shapes(saved).values()) != sorted(_shapes(abstract_state).values()):
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} holds another optimizer state: {fix}"
+            )
+
+    def _quarantine(self, step: int) -> str:
+        """Moves a damaged step (and its iterator state) to bad_checkpoints/; returns where."""
+        target = os.path.join(_absolute(self.workdir), BAD_CHECKPOINTS, str(step))
+        n = 0
+        while tf.io.gfile.exists(target if n == 0 else f"{target}-{n}"):
+            n += 1
+        target = target if n == 0 else f"{target}-{n}"
+        if jax.process_index() == 0:
+            tf.io.gfile.makedirs(target)
+            tf.io.gfile.rename(os.path.join(self.directory, str(step)), os.path.join(target, "checkpoint"))
+            iterators = os.path.join(self._iterators_dir, str(step))
+            if tf.io.gfile.isdir(iterators):
+                tf.io.gfile.rename(iterators, os.path.join(target, "data_iterators"))
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
+        self.manager.close()
+        self.manager = self._open()  # forget the moved step
+        return target
 
     def _delete_stale_iterators(self) -> None:
         if jax.process_index() != 0 or not tf.io.gfile.isdir(self._iterators_dir):
@@ -72,9 +258,6 @@ class Checkpointer:
             if name not in keep and name.isdigit() and int(name) < latest:
                 tf.io.gfile.rmtree(os.path.join(self._iterators_dir, name))
 
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
-
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self.wait()
         self.manager.close()

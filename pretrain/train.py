@@ -3,7 +3,9 @@
     python -m pretrain.train --gin_file=configs/runs/demo.gin --workdir=DIR \
         [--gin_bindings='run.steps=100' ...] [--mesh=data:4,fsdp:2,tensor:1]
 
-Started again with the same workdir, it resumes from the latest checkpoint.
+Started again with the same workdir, it resumes from the latest checkpoint. SIGTERM or
+SIGINT (a preemption notice, Ctrl-C) stops after the current step with a checkpoint and
+exit status 0.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def main(argv):
     with cli.user_errors():
         cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
         summary = trainer.run(_WORKDIR.value, mesh_spec=_MESH.value)
+    if summary.get("stopped_by"):  # preempted: the checkpoint is written, exit 0 so schedulers restart us
+        print(f"stopped by {summary['stopped_by']} at step {summary['step']}: run the same command to resume")
+        return
     print(
         f"done: step {summary['step']}  eval loss {summary['loss']:.4f}  "
         f"mlm_accuracy {summary['mlm_accuracy']:.4f}  sentence_accuracy {summary['sentence_accuracy']}  "

@@ -31,7 +31,7 @@ from data import pipeline, shards
 from models import axes
 from models.encoder import EncoderConfig
 from models.pretraining import PretrainingModel, flops_per_sequence
-from pretrain import checkpointing, losses, optim, sharding
+from pretrain import checkpointing, losses, optim, preemption, sharding
 from pretrain import workdir as workdir_lib
 
 log = logging.getLogger("pretrain")
@@ -88,6 +88,7 @@ def train_step(
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     microbatches: int = 1,
+    skip_nonfinite: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on the global batch, optionally accumulated over microbatches.
 
@@ -95,6 +96,10 @@ def train_step(
     independent of the loop. With k microbatches the gradients of k slices, each
     normalised by the whole batch's counts, are summed in a `lax.scan`: the optimizer
     sees the same gradient as one step on the full batch, with 1/k of the activations.
+
+    metrics["finite"] is 1 when loss and gradient norm are finite. With skip_nonfinite a
+    step where they are not leaves parameters and optimizer state unchanged (the step
+    counter still advances, so data and schedule move on); the host counts the skips.
     """
     dropout_rng = jax.random.fold_in(rng, state.step)
     denominators = losses.normalizers(batch)
@@ -118,7 +123,19 @@ def train_step(
         (loss, grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), micro))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(sums, loss=loss, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    if skip_nonfinite:
+        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        params = jax.tree.map(keep, params, state.params)
+        opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+    metrics = dict(
+        sums,
+        loss=loss,
+        grad_norm=grad_norm,
+        learning_rate=schedule(state.step),
+        finite=finite.astype(jnp.int32),
+    )
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -157,6 +174,7 @@ def build(
     sentence_objective: bool,
     microbatches: int = 1,
     materialize: bool = True,
+    skip_nonfinite: bool = False,
 ) -> Setup:
     """Creates the sharded train state (eval_shape -> specs -> jit(init)) and the jitted steps.
 
@@ -181,7 +199,12 @@ def build(
     data = sharding.batch_sharding(mesh)
     step = jax.jit(
         functools.partial(
-            train_step, model=model, optimizer=optimizer, schedule=schedule, microbatches=microbatches
+            train_step,
+            model=model,
+            optimizer=optimizer,
+            schedule=schedule,
+            microbatches=microbatches,
+            skip_nonfinite=skip_nonfinite,
         ),
         in_shardings=(state_shardings, data, None),
         out_shardings=(state_shardings, None),
@@ -284,6 +307,7 @@ def run(
     eval_at_start: bool = False,
     checkpoint_every: int = 1000,
     max_checkpoints: int = 3,
+    max_skipped_steps: int = 0,
     mesh_spec: str | None = None,
 ) -> dict[str, Any]:
     """Pretrains (or resumes) in `workdir`; returns what it writes to `workdir/summary.json`.
@@ -302,14 +326,19 @@ def run(
       log_every, eval_every, checkpoint_every: cadences in steps (and always at the end).
       eval_batches: held-out batches (of batch_size rows) per evaluation.
       eval_at_start: also evaluate the initial parameters (the demo reports start vs end).
+      max_skipped_steps: 0 stops the run at the first step with a non-finite loss or
+        gradient norm; k > 0 skips up to k such updates (each logged) before stopping.
       mesh_spec: e.g. 'data:4,fsdp:2,tensor:1'; None puts every device on `data`.
+
+    A SIGTERM/SIGINT (preemption) stops after the current step with a checkpoint; the
+    returned dict then has `stopped_by` and no summary.json is written.
     """
     start_time = time.time()
     manifest = shards.load_manifest(data_dir)
     check_vocab(model_config, manifest, data_dir)
     mesh = sharding.make_mesh(mesh_spec)
     local_batch = sharding.check_batch_size(batch_size, mesh, jax.process_count(), microbatches)
-    tf.io.gfile.makedirs(workdir)
+    checkpointing.check_writable(workdir)
     if jax.process_index() == 0:
         with tf.io.gfile.GFile(os.path.join(workdir, "config.gin"), "w") as f:
             f.write(gin.config_str())
@@ -330,14 +359,24 @@ def run(
     }
     rules = sharding.logical_axis_rules()
     setup = build(
-        model_config, optimizer, schedule, example, mesh, rules, seed, sentence_objective, microbatches
+        model_config,
+        optimizer,
+        schedule,
+        example,
+        mesh,
+        rules,
+        seed,
+        sentence_objective,
+        microbatches,
+        skip_nonfinite=max_skipped_steps > 0,
     )
-    state = setup.state
+    checkpointing.check_free_space(workdir, checkpointing.state_bytes(setup.state), max_checkpoints)
 
     ckpt = checkpointing.Checkpointer(workdir, max_to_keep=max_checkpoints)
-    resumed_from = ckpt.latest_step()
-    if resumed_from is not None:
-        state = ckpt.restore(resumed_from, shaped_like(state, setup.state_shardings), iterator)
+    state, resumed_from = ckpt.restore_latest(shaped_like(setup.state, setup.state_shardings), iterator)
+    if resumed_from is None:
+        state = setup.state
+    else:
         log.info("resumed from step %d in %s", resumed_from, workdir)
     writer = MetricsWriter(workdir)
     writer.text("config", gin.config_str())
@@ -362,68 +401,52 @@ def run(
     flops_per_row = flops_per_sequence(
         model_config, pipeline_config.max_seq_length, pipeline_config.max_predictions_per_seq
     )
-    pending: list[dict[str, jax.Array]] = []
+    monitor = _StepMonitor(max_skipped_steps, ckpt, workdir)
     window_tokens, window_start, window_steps = 0, time.time(), 0
     total_tokens, train_seconds = 0, 0.0
-    last_train, eval_values = {}, None
+    last_train, eval_values, stopping = {}, None, False
 
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        while step < steps:
+    with preemption.StopWatcher() as watcher, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        while step < steps and not stopping:
             batch = next(iterator)
             local = {k: v.numpy() for k, v in batch.items()}
             window_tokens += int(local["input_mask"].sum()) * jax.process_count()
             state, metrics = setup.train_step(state, sharding.global_batch(local, mesh), rng)
-            pending.append(metrics)
+            monitor.add(metrics)
             step += 1
             window_steps += 1
+            stopping = watcher.should_stop(step)
             if step % log_every == 0 or step == steps:
-                fetched = jax.device_get(pending)
-                pending = []
-                sums = {
-                    k: float(np.sum([m[k] for m in fetched]))
-                    for k in fetched[0]
-                    if k not in ("loss", "grad_norm", "learning_rate")
-                }
                 seconds = time.time() - window_start
-                last_train = losses.summarize(sums)
+                last_train = monitor.summary(step)
                 last_train.update(
-                    grad_norm=float(fetched[-1]["grad_norm"]),
-                    learning_rate=float(fetched[-1]["learning_rate"]),
                     steps_per_second=window_steps / seconds,
                     tokens_per_second=window_tokens / seconds,
                     model_tflops_per_second=flops_per_row * batch_size * window_steps / seconds / 1e12,
                 )
-                if not np.isfinite(last_train["loss"]):
-                    raise TrainError(
-                        f"non-finite loss at step {step}; last checkpoint: step {ckpt.latest_step()} "
-                        f"in {workdir}/checkpoints"
-                    )
                 writer.write(step, "train", last_train)
-                eta = (steps - step) / last_train["steps_per_second"]
-                log.info(
-                    "step %d/%d  loss %.4f  mlm_acc %.4f  nsp_acc %s  lr %.3g  grad_norm %.3f  %.2f steps/s  "
-                    "%.0f tokens/s  %.3f TFLOP/s  eta %s",
-                    step,
-                    steps,
-                    last_train["loss"],
-                    last_train["mlm_accuracy"],
-                    f"{last_train.get('sentence_accuracy', float('nan')):.4f}",
-                    last_train["learning_rate"],
-                    last_train["grad_norm"],
-                    last_train["steps_per_second"],
-                    last_train["tokens_per_second"],
-                    last_train["model_tflops_per_second"],
-                    time.strftime("%H:%M:%S", time.gmtime(eta)),
-                )
+                _log_train(step, steps, last_train)
                 total_tokens += window_tokens
                 train_seconds += seconds
                 window_tokens, window_start, window_steps = 0, time.time(), 0
-            if step % eval_every == 0 or step == steps:
+            if (step % eval_every == 0 or step == steps) and not stopping:
                 eval_values = run_eval(step)
                 window_start = time.time()
-            if step % checkpoint_every == 0 or step == steps:
+            if step % checkpoint_every == 0 or step == steps or stopping:
+                monitor.check(step)  # never write a non-finite state
                 ckpt.save(step, state, iterator)
     ckpt.close()
+
+    if stopping:
+        log.warning(
+            "%s: stopped at step %d of %d, checkpoint in %s/checkpoints; run the same command to resume",
+            watcher.signal_name,
+            step,
+            steps,
+            workdir,
+        )
+        writer.close()
+        return {"step": step, "stopped_by": watcher.signal_name, "resumed_from": resumed_from}
 
     with tf.io.gfile.GFile(os.path.join(workdir, "operative_config.gin"), "w") as f:
         f.write(gin.operative_config_str())
@@ -449,6 +472,7 @@ def run(
         "tokens_per_second": tokens_per_second,
         "wall_seconds": time.time() - start_time,
         "resumed_from": resumed_from,
+        "skipped_steps": monitor.skipped,
         "params_sha256": params_sha256(state.params),
     }
     if jax.process_index() == 0:
@@ -456,3 +480,98 @@ def run(
             json.dump(summary, f, indent=2)
     writer.close()
     return summary
+
+
+class _StepMonitor:
+    """Holds the per-step metrics on device until they are needed, and checks them.
+
+    Metrics are fetched (a host sync) only at log and checkpoint steps. Every fetched
+    step is checked: a non-finite loss or gradient norm is skipped and logged while the
+    skip budget lasts, and otherwise stops the run before anything else is saved.
+    """
+
+    def __init__(self, max_skipped_steps: int, ckpt: checkpointing.Checkpointer, workdir: str):
+        self.max_skipped_steps = max_skipped_steps
+        self.skipped = 0
+        self._ckpt = ckpt
+        self._workdir = workdir
+        self._on_device: list[dict[str, jax.Array]] = []
+        self._window: list[dict[str, np.ndarray]] = []
+
+    def add(self, metrics: dict[str, jax.Array]) -> None:
+        self._on_device.append(metrics)
+
+    def check(self, step: int) -> None:
+        """Fetches the metrics of the steps up to `step` and checks each one."""
+        fetched = jax.device_get(self._on_device)
+        self._on_device = []
+        first = step - len(fetched) + 1
+        for offset, metrics in enumerate(fetched):
+            if metrics["finite"]:
+                self._window.append(metrics)
+                continue
+            at = first + offset
+            what = f"loss {float(metrics['loss']):.4g}, gradient norm {float(metrics['grad_norm']):.4g}"
+            if self.skipped < self.max_skipped_steps:
+                self.skipped += 1
+                log.warning(
+                    "step %d: non-finite %s: update skipped (%d of at most %d)",
+                    at,
+                    what,
+                    self.skipped,
+                    self.max_skipped_steps,
+                )
+                continue
+            self._ckpt.wait()
+            last = self._ckpt.latest_step()
+            where = f"step {last} in {self._workdir}/checkpoints" if last is not None else "none yet"
+            budget = (
+                f"after {self.skipped} skipped steps (run.max_skipped_steps = {self.max_skipped_steps})"
+                if self.max_skipped_steps
+                else "(set run.max_skipped_steps to skip such steps)"
+            )
+            raise TrainError(
+                f"non-finite {what} at step {at} {budget}; nothing after it was saved; "
+                f"last good checkpoint: {where}: lower the learning rate or check the data"
+            )
+
+    def summary(self, step: int) -> dict[str, float]:
+        """Means over the finite steps since the last summary, plus the last grad norm and lr."""
+        self.check(step)
+        window, self._window = self._window, []
+        if not window:
+            return {"skipped_steps": self.skipped}
+        sums = {
+            k: float(np.sum([m[k] for m in window]))
+            for k in window[0]
+            if k not in ("loss", "grad_norm", "learning_rate", "finite")
+        }
+        out = losses.summarize(sums)
+        out.update(
+            grad_norm=float(window[-1]["grad_norm"]),
+            learning_rate=float(window[-1]["learning_rate"]),
+            skipped_steps=self.skipped,
+        )
+        return out
+
+
+def _log_train(step: int, steps: int, values: Mapping[str, float]) -> None:
+    if "loss" not in values:
+        log.info("step %d/%d: every step since the last log was skipped", step, steps)
+        return
+    eta = (steps - step) / values["steps_per_second"]
+    log.info(
+        "step %d/%d  loss %.4f  mlm_acc %.4f  nsp_acc %s  lr %.3g  grad_norm %.3f  %.2f steps/s  "
+        "%.0f tokens/s  %.3f TFLOP/s  eta %s",
+        step,
+        steps,
+        values["loss"],
+        values["mlm_accuracy"],
+        f"{values.get('sentence_accuracy', float('nan')):.4f}",
+        values["learning_rate"],
+        values["grad_norm"],
+        values["steps_per_second"],
+        values["tokens_per_second"],
+        values["model_tflops_per_second"],
+        time.strftime("%H:%M:%S", time.gmtime(eta)),
+    )
