@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -161,9 +161,13 @@ class Checkpointer:
             "free space or fix the workdir, then run the same command to resume"
         )
 
-    def restore_latest(self, abstract_state: Any, iterator: tf.data.Iterator) -> tuple[Any, int | None]:
+    def restore_latest(
+        self, abstract_state: Any, iterator_for: Callable[[int], tf.data.Iterator]
+    ) -> tuple[Any, int | None]:
         """Restores the newest readable checkpoint into `abstract_state`'s shardings.
 
+        iterator_for(step): the data iterator to restore that step's position into (the
+        data stream can depend on the step, e.g. the phase of a two-phase run).
         Returns (state, step), or (None, None) when the workdir has no checkpoint. Damaged
         checkpoints are moved to bad_checkpoints/ (one log line each) and skipped.
         """
@@ -171,7 +175,7 @@ class Checkpointer:
             self._check_compatible(step, abstract_state)
             error = None
             try:
-                state = self.restore(step, abstract_state, iterator)
+                state = self.restore(step, abstract_state, iterator_for(step))
             except Exception as e:  # pylint: disable=broad-except  (tensorstore/TF errors of damaged files)
                 error = e
             # Every host must take the same step, even when only one host's files are damaged.

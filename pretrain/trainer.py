@@ -308,6 +308,8 @@ def run(
     checkpoint_every: int = 1000,
     max_checkpoints: int = 3,
     max_skipped_steps: int = 0,
+    phase2_start: int | None = None,
+    phase2_pipeline_config: pipeline.PipelineConfig | None = None,
     mesh_spec: str | None = None,
 ) -> dict[str, Any]:
     """Pretrains (or resumes) in `workdir`; returns what it writes to `workdir/summary.json`.
@@ -328,6 +330,10 @@ def run(
       eval_at_start: also evaluate the initial parameters (the demo reports start vs end).
       max_skipped_steps: 0 stops the run at the first step with a non-finite loss or
         gradient norm; k > 0 skips up to k such updates (each logged) before stopping.
+      phase2_start, phase2_pipeline_config: BERT's two phases in one run: from step
+        `phase2_start` on, batches come from `phase2_pipeline_config` (e.g. length 512
+        with P = 80 after length 128 with P = 20). Same parameters, optimizer state and
+        learning-rate schedule; the data stream of phase 2 starts at its beginning.
       mesh_spec: e.g. 'data:4,fsdp:2,tensor:1'; None puts every device on `data`.
 
     A SIGTERM/SIGINT (preemption) stops after the current step with a checkpoint; the
@@ -344,18 +350,25 @@ def run(
             f.write(gin.config_str())
         workdir_lib.write_model_info(workdir, model_config, data_dir)
 
+    phases = _Phases(pipeline_config, phase2_start, phase2_pipeline_config, steps, model_config)
     optimizer, schedule = optimizer_fn(total_steps=steps)
-    train_ds = pipeline.make_dataset(
-        data_dir,
-        "train",
-        pipeline_config,
-        local_batch,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
-    iterator = iter(train_ds)
+
+    def train_iterator(step: int) -> tf.data.Iterator:
+        """A fresh iterator of the phase that the step after `step` belongs to."""
+        return iter(
+            pipeline.make_dataset(
+                data_dir,
+                "train",
+                phases.config(step),
+                local_batch,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+            )
+        )
+
+    iterator = train_iterator(0)
     example = {
-        k: np.zeros((1, *v.shape[1:]), v.dtype.as_numpy_dtype) for k, v in train_ds.element_spec.items()
+        k: np.zeros((1, *v.shape[1:]), v.dtype.as_numpy_dtype) for k, v in iterator.element_spec.items()
     }
     rules = sharding.logical_axis_rules()
     setup = build(
@@ -373,11 +386,24 @@ def run(
     checkpointing.check_free_space(workdir, checkpointing.state_bytes(setup.state), max_checkpoints)
 
     ckpt = checkpointing.Checkpointer(workdir, max_to_keep=max_checkpoints)
-    state, resumed_from = ckpt.restore_latest(shaped_like(setup.state, setup.state_shardings), iterator)
+    iterators = {}
+
+    def iterator_for(step: int) -> tf.data.Iterator:
+        # Checkpoint `step` holds the position of the stream that fed step `step` (the
+        # loop switches to phase 2's fresh stream itself when it gets there).
+        iterators[step] = iterator if phases.index(step - 1) == 0 else train_iterator(step - 1)
+        return iterators[step]
+
+    state, resumed_from = ckpt.restore_latest(shaped_like(setup.state, setup.state_shardings), iterator_for)
     if resumed_from is None:
         state = setup.state
+        if iterators:  # every checkpoint was damaged: start from a stream no restore touched
+            iterator = train_iterator(0)
     else:
-        log.info("resumed from step %d in %s", resumed_from, workdir)
+        iterator = iterators[resumed_from]
+        log.info(
+            "resumed from step %d in %s (phase %d)", resumed_from, workdir, phases.index(resumed_from) + 1
+        )
     writer = MetricsWriter(workdir)
     writer.text("config", gin.config_str())
 
@@ -387,7 +413,7 @@ def run(
             setup,
             state.params,
             data_dir,
-            pipeline_config,
+            phases.config(at_step),
             batch_size // microbatches,
             eval_batches * microbatches,
         )
@@ -398,9 +424,6 @@ def run(
     rng = jax.random.key(seed + 1)
     step = int(state.step)
     initial_eval = run_eval(step) if eval_at_start and step == 0 else None
-    flops_per_row = flops_per_sequence(
-        model_config, pipeline_config.max_seq_length, pipeline_config.max_predictions_per_seq
-    )
     monitor = _StepMonitor(max_skipped_steps, ckpt, workdir)
     window_tokens, window_start, window_steps = 0, time.time(), 0
     total_tokens, train_seconds = 0, 0.0
@@ -408,6 +431,9 @@ def run(
 
     with preemption.StopWatcher() as watcher, jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         while step < steps and not stopping:
+            if step == phase2_start:
+                iterator = train_iterator(step)
+                log.info("step %d: phase 2, %s", step, phases.describe(step))
             batch = next(iterator)
             local = {k: v.numpy() for k, v in batch.items()}
             window_tokens += int(local["input_mask"].sum()) * jax.process_count()
@@ -422,7 +448,11 @@ def run(
                 last_train.update(
                     steps_per_second=window_steps / seconds,
                     tokens_per_second=window_tokens / seconds,
-                    model_tflops_per_second=flops_per_row * batch_size * window_steps / seconds / 1e12,
+                    model_tflops_per_second=phases.flops_per_row(step - 1)
+                    * batch_size
+                    * window_steps
+                    / seconds
+                    / 1e12,
                 )
                 writer.write(step, "train", last_train)
                 _log_train(step, steps, last_train)
@@ -480,6 +510,47 @@ def run(
             json.dump(summary, f, indent=2)
     writer.close()
     return summary
+
+
+class _Phases:
+    """Which pipeline config feeds each step: one phase, or BERT's two (128 then 512)."""
+
+    def __init__(
+        self,
+        first: pipeline.PipelineConfig,
+        phase2_start: int | None,
+        second: pipeline.PipelineConfig | None,
+        steps: int,
+        model_config: EncoderConfig,
+    ):
+        if (phase2_start is None) != (second is None):
+            raise TrainError("set both run.phase2_start and run.phase2_pipeline_config, or neither")
+        if phase2_start is not None and not 0 < phase2_start < steps:
+            raise TrainError(f"run.phase2_start = {phase2_start} must be in (0, run.steps = {steps})")
+        self._configs = [first] if second is None else [first, second]
+        self._start = phase2_start
+        self._model_config = model_config
+        for config in self._configs:
+            if config.max_seq_length > model_config.max_position_embeddings:
+                raise TrainError(
+                    f"max_seq_length {config.max_seq_length} exceeds EncoderConfig.max_position_embeddings "
+                    f"= {model_config.max_position_embeddings}"
+                )
+
+    def index(self, step: int) -> int:
+        """Phase (0 or 1) of the step that follows `step` completed steps."""
+        return int(self._start is not None and step >= self._start)
+
+    def config(self, step: int) -> pipeline.PipelineConfig:
+        return self._configs[self.index(step)]
+
+    def describe(self, step: int) -> str:
+        config = self.config(step)
+        return f"length {config.max_seq_length}, {config.max_predictions_per_seq} predictions per row"
+
+    def flops_per_row(self, step: int) -> float:
+        config = self.config(step)
+        return flops_per_sequence(self._model_config, config.max_seq_length, config.max_predictions_per_seq)
 
 
 class _StepMonitor:

@@ -1,0 +1,89 @@
+"""BERT's two-phase schedule as one run: length 32 then 64 here (128 then 512 in the recipe),
+one optimizer state and schedule, resumable in either phase and at the switch."""
+
+import dataclasses
+import os
+
+import gin
+import pytest
+
+from data.pipeline import PipelineConfig
+from pretrain import preemption, trainer
+from tests.test_train import DATA, _run, data_dir  # noqa: F401  (data_dir is a fixture)
+
+PHASE2 = dataclasses.replace(DATA, max_seq_length=64, max_predictions_per_seq=10)
+
+
+def _two_phase(workdir, data_dir, **kwargs):  # noqa: F811
+    return _run(workdir, data_dir, steps=12, phase2_start=6, phase2_pipeline_config=PHASE2, **kwargs)
+
+
+@pytest.fixture
+def traced_shapes(monkeypatch):
+    """Batch shapes the train step was compiled for (it is traced once per shape)."""
+    shapes = []
+    original = trainer.train_step
+
+    def recording(state, batch, rng, **kwargs):
+        shapes.append((batch["input_ids"].shape, batch["masked_lm_positions"].shape))
+        return original(state, batch, rng, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", recording)
+    return shapes
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir):  # noqa: F811
+    return _two_phase(tmp_path_factory.mktemp("full"), data_dir)["params_sha256"]
+
+
+def test_switches_length_and_predictions(tmp_path, data_dir, traced_shapes):  # noqa: F811
+    _two_phase(tmp_path, data_dir)
+    assert traced_shapes == [((16, 32), (16, 5)), ((16, 64), (16, 10))]
+
+
+@pytest.mark.parametrize("stop_at", [4, 6, 9])  # in phase 1, at the switch, in phase 2
+def test_resume_in_either_phase_equals_uninterrupted(tmp_path, data_dir, uninterrupted, monkeypatch, stop_at):  # noqa: F811
+    def sigterm_at(watcher, step):  # what a SIGTERM during step `stop_at` does
+        if step == stop_at:
+            watcher.signal_name = "SIGTERM"
+        return watcher.signal_name is not None
+
+    with monkeypatch.context() as patch:
+        patch.setattr(preemption.StopWatcher, "should_stop", sigterm_at)
+        stopped = _two_phase(tmp_path, data_dir)
+    assert stopped == {"step": stop_at, "stopped_by": "SIGTERM", "resumed_from": None}
+    resumed = _two_phase(tmp_path, data_dir)
+    assert resumed["resumed_from"] == stop_at
+    assert resumed["params_sha256"] == uninterrupted
+
+
+def test_bad_phase_settings(tmp_path, data_dir):  # noqa: F811
+    with pytest.raises(trainer.TrainError, match="must be in"):
+        _run(tmp_path, data_dir, steps=6, phase2_start=6, phase2_pipeline_config=PHASE2)
+    with pytest.raises(trainer.TrainError, match="set both"):
+        _run(tmp_path, data_dir, steps=6, phase2_start=3)
+    too_long = dataclasses.replace(DATA, max_seq_length=128)
+    with pytest.raises(trainer.TrainError, match="exceeds EncoderConfig.max_position_embeddings = 64"):
+        _run(tmp_path, data_dir, steps=6, phase2_start=3, phase2_pipeline_config=too_long)
+
+
+def test_published_recipe_switches_at_900k_to_512():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cwd = os.getcwd()
+    os.chdir(root)  # gin includes are relative to the repository root
+    try:
+        gin.clear_config()
+        gin.parse_config_files_and_bindings(["configs/runs/bert_base_wikipedia.gin"], [])
+        assert gin.query_parameter("run.phase2_start") == 900000
+        assert (PipelineConfig().max_seq_length, PipelineConfig().max_predictions_per_seq) == (128, 20)
+        with gin.config_scope("phase2"):
+            phase2 = PipelineConfig()
+        assert (phase2.max_seq_length, phase2.max_predictions_per_seq, phase2.masked_lm_prob) == (
+            512,
+            80,
+            0.15,
+        )
+    finally:
+        gin.clear_config()
+        os.chdir(cwd)
