@@ -53,10 +53,13 @@ def main(argv):
     }
     example = {k: v[:1] for k, v in batch.items()}
     rules = sharding.logical_axis_rules()
-    setup = trainer.build(config, optimizer, schedule, example, mesh, rules, 0, True, _MICROBATCHES.value,
-                          materialize=False)
-    abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding.batch_sharding(mesh))
-                      for k, v in batch.items()}
+    setup = trainer.build(
+        config, optimizer, schedule, example, mesh, rules, 0, True, _MICROBATCHES.value, materialize=False
+    )
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding.batch_sharding(mesh))
+        for k, v in batch.items()
+    }
     import flax.linen as nn
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -69,8 +72,12 @@ def main(argv):
         "seq": l,
         "state_bytes_per_device": int(analysis.argument_size_in_bytes - batch_bytes),
         "temp_bytes_per_device": int(analysis.temp_size_in_bytes),
-        "total_bytes_per_device": int(analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
-                                      + analysis.output_size_in_bytes - analysis.alias_size_in_bytes),
+        "total_bytes_per_device": int(
+            analysis.argument_size_in_bytes
+            + analysis.temp_size_in_bytes
+            + analysis.output_size_in_bytes
+            - analysis.alias_size_in_bytes
+        ),
     }
     print(json.dumps(result))
 

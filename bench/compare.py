@@ -1,0 +1,100 @@
+"""Ours vs the peer (HF Flax BERT), side by side in one run, as ratios; what `make bench` runs.
+
+    python -m bench.compare --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 \
+        [--dtypes=float32,bfloat16] [--steps=5] [--peer_python=.venv-peer/bin/python]
+
+For each dtype it runs bench/pretrain.py (this venv) and then bench/peer_hf.py (the
+peer's venv, same model config, batch, rows and masked positions) as separate
+processes one after the other, then bench/input_pipeline.py once. Prints a markdown
+table (tokens/s, model TFLOP/s, MFU against the matmul peak each process measured,
+peak memory, ours/peer ratio) and, last, one JSON line with every result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app, flags
+
+_GIN_FILES = flags.DEFINE_multi_string("gin_file", ["configs/models/bert_base.gin"], "model gin file(s)")
+_BATCH = flags.DEFINE_integer("batch", 32, "global batch")
+_SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
+_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare")
+_STEPS = flags.DEFINE_integer("steps", 5, "timed steps per run")
+_PEER_PYTHON = flags.DEFINE_string("peer_python", ".venv-peer/bin/python", "python of the peer's virtualenv")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _last_json(command: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one real device, as users run
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"error: {' '.join(command[:3])} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main(argv):
+    del argv
+    if not os.path.exists(os.path.join(ROOT, _PEER_PYTHON.value)):
+        sys.exit(f"error: no peer virtualenv at {_PEER_PYTHON.value}: run `make bench-peer-venv` first")
+    shape = [f"--batch={_BATCH.value}", f"--seq={_SEQ.value}", f"--steps={_STEPS.value}"]
+    rows = []
+    for dtype in _DTYPES.value:
+        ours = _last_json(
+            [
+                sys.executable,
+                "-m",
+                "bench.pretrain",
+                *(f"--gin_file={g}" for g in _GIN_FILES.value),
+                *shape,
+                f"--dtype={dtype}",
+            ]
+        )
+        peer = _last_json(
+            [
+                _PEER_PYTHON.value,
+                "-m",
+                "bench.peer_hf",
+                f"--model={json.dumps(ours['config'])}",
+                *shape,
+                f"--predictions={ours['predictions']}",
+                f"--dtype={dtype}",
+            ]
+        )
+        rows.append((dtype, ours, peer))
+    pipeline = _last_json(
+        [sys.executable, "-m", "bench.input_pipeline", f"--batch={_BATCH.value}", f"--seq={_SEQ.value}"]
+    )
+
+    print(
+        f"\n{', '.join(_GIN_FILES.value)}, batch {_BATCH.value} x {_SEQ.value}, on {rows[0][1]['device']}\n"
+    )
+    print("| dtype | code | tokens/s | model TFLOP/s | MFU (measured peak) | peak memory GB | ours / peer |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype, ours, peer in rows:
+        ratio = ours["tokens_per_second"] / peer["tokens_per_second"]
+        for result, shown in ((ours, f"{ratio:.2f}x"), (peer, "")):
+            print(
+                f"| {dtype} | {result['name']} | {result['tokens_per_second']:.0f} | "
+                f"{result['model_tflops_per_second']:.3f} | {result['mfu']:.1%} of "
+                f"{result['peak_tflops_per_second']:.3f} | {result['peak_memory_bytes'] / 1e9:.2f} | {shown} |"
+            )
+    consumed = max(ours["tokens_per_second"] for _, ours, _ in rows)
+    print(
+        f"\ninput pipeline alone: {pipeline['examples_per_second']:.0f} examples/s, "
+        f"{pipeline['tokens_per_second'] / consumed:.0f}x the tokens/s the fastest step consumes"
+    )
+    print(
+        json.dumps(
+            {"results": [{"dtype": d, "ours": o, "peer": p} for d, o, p in rows], "input_pipeline": pipeline}
+        )
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

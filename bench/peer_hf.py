@@ -1,0 +1,131 @@
+"""The peer: HF transformers' Flax BERT pretraining step, timed like bench/pretrain.py.
+
+Runs in its own virtualenv (`make bench-peer-venv`: transformers==4.57.6, the last
+release with Flax models, with our jax/flax/optax pins); never import it from ours.
+
+    .venv-peer/bin/python -m bench.peer_hf --model='{"vocab_size": 30522, ...}' \
+        --batch=32 --seq=128 --predictions=20 [--dtype=bfloat16] [--steps=10]
+
+`--model` is our EncoderConfig as JSON (bench/compare.py passes it), so both sides
+train the identical architecture. The step is what HF's examples/flax
+run_mlm_flax.py does (FlaxBertForPreTraining, logits for all [B, L, V] positions,
+softmax cross-entropy on a one-hot of the labels with a label mask, summed and divided
+by the label count), plus the NSP cross-entropy mean, optax AdamW with the
+LayerNorm/bias no-decay mask, jit with the state donated. Same synthetic rows and
+masked positions as ours (bench/report.py), same JSON result line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import traverse_util
+from transformers import BertConfig, FlaxBertForPreTraining
+
+from bench import report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="our EncoderConfig as JSON")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--predictions", type=int, default=20)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    ours = json.loads(args.model)
+    config = BertConfig(
+        vocab_size=ours["vocab_size"],
+        hidden_size=ours["hidden_size"],
+        num_hidden_layers=ours["num_layers"],
+        num_attention_heads=ours["num_heads"],
+        intermediate_size=ours["intermediate_size"],
+        max_position_embeddings=ours["max_position_embeddings"],
+        type_vocab_size=ours["type_vocab_size"],
+        hidden_dropout_prob=ours["dropout_rate"],
+        attention_probs_dropout_prob=ours["attention_dropout_rate"],
+        hidden_act=ours["hidden_act"],
+        layer_norm_eps=ours["layer_norm_eps"],
+    )
+    model = FlaxBertForPreTraining(config, seed=0, dtype=jnp.dtype(args.dtype))
+
+    batch = report.synthetic_batch(args.batch, args.seq, args.predictions, config.vocab_size)
+    labels = np.zeros_like(batch["input_ids"])  # 0 = not predicted (the example's label mask is labels > 0)
+    np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], axis=1)
+    inputs = {
+        "input_ids": jnp.asarray(batch["input_ids"]),
+        "attention_mask": jnp.asarray(batch["input_mask"]),
+        "token_type_ids": jnp.asarray(batch["segment_ids"]),
+        "labels": jnp.asarray(labels),
+        "next_sentence_label": jnp.asarray(batch["sentence_label"]),
+    }
+
+    def decay_mask(params):  # run_mlm_flax.py's mask
+        flat = traverse_util.flatten_dict(params)
+        return traverse_util.unflatten_dict(
+            {path: path[-1] != "bias" and path[-2:] not in [("LayerNorm", "scale")] for path in flat}
+        )
+
+    schedule = optax.linear_schedule(0.0, 1e-4, 100)
+    optimizer = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=decay_mask)
+    state = {"params": model.params, "opt_state": optimizer.init(model.params), "rng": jax.random.key(0)}
+
+    def train_step(state, inputs):
+        dropout_rng, next_rng = jax.random.split(state["rng"])
+
+        def loss_fn(params):
+            outputs = model(
+                inputs["input_ids"],
+                attention_mask=inputs["attention_mask"],
+                token_type_ids=inputs["token_type_ids"],
+                params=params,
+                dropout_rng=dropout_rng,
+                train=True,
+            )
+            logits = outputs.prediction_logits
+            label_mask = jnp.where(inputs["labels"] > 0, 1.0, 0.0)
+            onehot = jax.nn.one_hot(inputs["labels"], logits.shape[-1])
+            mlm = (optax.softmax_cross_entropy(logits, onehot) * label_mask).sum() / label_mask.sum()
+            nsp = optax.softmax_cross_entropy_with_integer_labels(
+                outputs.seq_relationship_logits, inputs["next_sentence_label"]
+            ).mean()
+            return mlm + nsp
+
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt_state": opt_state, "rng": next_rng}, loss
+
+    step = jax.jit(train_step, donate_argnums=0)
+    compile_seconds, seconds, _ = report.time_steps(step, state, inputs, args.steps)
+    print(
+        report.result_line(
+            "peer_hf_flax",
+            batch=args.batch,
+            seq=args.seq,
+            real_tokens_per_row=float(batch["input_mask"].sum(1).mean()),
+            # Credited with the same model FLOPs as ours: its extra [B, L, V] work gets no credit.
+            flops_per_row=report.model_flops_per_row(
+                ours["hidden_size"],
+                ours["num_layers"],
+                ours["intermediate_size"],
+                ours["vocab_size"],
+                args.seq,
+                args.predictions,
+            ),
+            dtype=args.dtype,
+            compile_seconds=compile_seconds,
+            seconds_per_step=seconds,
+            predictions=args.predictions,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""What every benchmark here reports, computed the same way for ours and for the peer.
+
+Only jax and numpy are imported, so the peer's separate virtualenv can use this file
+too: the matmul peak, peak memory and the result line are measured identically.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def matmul_peak_flops(dtype: str, repeats: int = 5) -> float:
+    """This device's dense matmul FLOP/s in `dtype` (bf16 inputs accumulate in f32).
+
+    A square matmul of 2048 (CPU) or 8192 (accelerators), best of `repeats`: the
+    denominator of MFU, measured in the same process as the step it rates.
+    """
+    n = 2048 if jax.default_backend() == "cpu" else 8192
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+    b = jnp.asarray(np.random.default_rng(1).standard_normal((n, n)), dtype)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    matmul(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def peak_memory_bytes() -> int:
+    """Peak device memory on an accelerator; peak host RSS on CPU (where the arrays live)."""
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        return int(stats.get("peak_bytes_in_use", 0))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def time_steps(step, state, batch, steps: int, warmup: int = 2):
+    """(compile + first step seconds, steady seconds per step, final state).
+
+    `step(state, batch) -> (state, metrics)`; the state is threaded through so donated
+    buffers stay valid. Warm-up steps after compilation are not timed.
+    """
+    start = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    compile_seconds = time.perf_counter() - start
+    for _ in range(warmup):
+        state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    return compile_seconds, (time.perf_counter() - start) / steps, state
+
+
+def model_flops_per_row(
+    hidden: int,
+    layers: int,
+    intermediate: int,
+    vocab: int,
+    seq: int,
+    predictions: int,
+    embedding: int | None = None,
+) -> float:
+    """PERFORMANCE.md's training FLOPs per row (matmuls, forward + backward = 3x forward)."""
+    flops = layers * (2 * seq * (4 * hidden * hidden + 2 * hidden * intermediate) + 4 * seq * seq * hidden)
+    flops += 2 * predictions * (hidden * hidden + hidden * vocab)
+    if embedding is not None and embedding != hidden:
+        flops += 2 * seq * embedding * hidden
+    return 3.0 * flops
+
+
+def result_line(
+    name: str,
+    *,
+    batch: int,
+    seq: int,
+    real_tokens_per_row: float,
+    flops_per_row: float,
+    dtype: str,
+    compile_seconds: float,
+    seconds_per_step: float,
+    **extra,
+) -> str:
+    """The benchmark's last output line: one JSON object with the fields make bench compares."""
+    peak = matmul_peak_flops(dtype)
+    model_flops = flops_per_row * batch / seconds_per_step
+    return json.dumps(
+        {
+            "name": name,
+            "device": jax.devices()[0].device_kind,
+            "num_devices": jax.device_count(),
+            "batch": batch,
+            "seq": seq,
+            "dtype": dtype,
+            "compile_seconds": round(compile_seconds, 2),
+            "seconds_per_step": round(seconds_per_step, 4),
+            "steps_per_second": round(1 / seconds_per_step, 4),
+            "tokens_per_second": round(real_tokens_per_row * batch / seconds_per_step, 1),
+            "model_tflops_per_second": round(model_flops / 1e12, 4),
+            "peak_tflops_per_second": round(peak / 1e12, 4),
+            "mfu": round(model_flops / peak, 4),
+            "peak_memory_bytes": peak_memory_bytes(),
+            **extra,
+        }
+    )
+
+
+def synthetic_batch(
+    batch: int, seq: int, predictions: int, vocab: int, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Full-length rows with P distinct masked positions, as `data.pipeline` emits them.
+
+    input_ids [B, L] int32 (ids in the upper part of the vocab, clear of special tokens),
+    input_mask [B, L] all 1,
+    segment_ids [B, L] (second half 1), masked_lm_positions/ids [B, P] int32,
+    masked_lm_weights [B, P] float32 all 1, sentence_label [B] int32.
+    """
+    rng = np.random.default_rng(seed)
+    input_ids = rng.integers(min(1000, vocab // 2), vocab, (batch, seq), dtype=np.int32)
+    positions = np.sort(
+        np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False) for _ in range(batch)])
+    )
+    return {
+        "input_ids": input_ids,
+        "input_mask": np.ones((batch, seq), np.int32),
+        "segment_ids": (np.arange(seq)[None, :] >= seq // 2).astype(np.int32).repeat(batch, 0),
+        "masked_lm_positions": positions.astype(np.int32),
+        "masked_lm_ids": np.take_along_axis(input_ids, positions, axis=1),
+        "masked_lm_weights": np.ones((batch, predictions), np.float32),
+        "sentence_label": rng.integers(0, 2, batch, dtype=np.int32),
+    }
