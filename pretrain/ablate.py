@@ -1,0 +1,172 @@
+"""Runs every arm of an ablation grid with the same data, seed and token budget, and compares them.
+
+    python -m pretrain.ablate configs/ablations/sentence_objective --workdir=DIR \
+        --data_dir=SHARDS [--gin_file=configs/runs/demo.gin] [--steps=N] [--gin_bindings=...]
+
+A grid is a folder of gin files, one per arm, each holding only what the arm changes
+(e.g. `run.sentence_objective = False`). Every arm trains with `pretrain.train` in its
+own process on `--gin_file` (the shared base run, default the demo run) + the arm file +
+`run.data_dir`, `EncoderConfig.vocab_size` (from the shards' manifest) and `run.steps`,
+with the base run's seeds, into DIR/<arm>. An arm
+whose summary.json shows it finished is skipped, and an interrupted one resumes, so
+running the command again completes a grid. Arms must see the same number of training
+tokens (batch_size x max_seq_length x steps): a grid whose arms differ is refused.
+
+Writes DIR/results.md (one row per arm: final held-out loss, MLM accuracy, sentence
+accuracy, tokens/s, steps) and DIR/eval_curves.png (held-out MLM accuracy and loss vs
+step for every arm).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+from absl import app, flags
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "one subfolder per arm, and the results", required=True)
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "shards (data.preprocess) every arm reads", required=True)
+_GIN_FILES = flags.DEFINE_multi_string("gin_file", ["configs/runs/demo.gin"], "the base run, before each arm")
+_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "extra bindings for every arm, applied last")
+_STEPS = flags.DEFINE_integer("steps", None, "training steps of every arm (default: the base run's)")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class AblationError(ValueError):
+    """A grid that cannot be run as asked (one line)."""
+
+
+def grid_arms(grid: str) -> dict[str, str]:
+    """{arm name: gin file} of a grid folder, sorted by name."""
+    files = sorted(glob.glob(os.path.join(grid, "*.gin")))
+    if not files:
+        raise AblationError(f"no *.gin arm files in '{grid}': pass a folder under configs/ablations/")
+    return {os.path.splitext(os.path.basename(f))[0]: f for f in files}
+
+
+def arm_budget(gin_files: list[str], bindings: list[str]) -> dict[str, int]:
+    """steps, batch_size, max_seq_length and their product (tokens) of one arm's config."""
+    import gin
+
+    from pretrain import cli
+
+    gin.clear_config()
+    cli.parse_gin(gin_files, bindings)
+    from data.pipeline import PipelineConfig
+
+    steps = gin.query_parameter("run.steps")
+    batch = gin.query_parameter("run.batch_size")
+    seq = PipelineConfig().max_seq_length
+    gin.clear_config()
+    return {"steps": steps, "batch_size": batch, "max_seq_length": seq, "tokens": steps * batch * seq}
+
+
+def run_arm(name: str, arm_file: str, workdir: str, bindings: list[str]) -> dict:
+    """Trains (or resumes, or skips) one arm in its own process; returns its summary."""
+    summary_path = os.path.join(workdir, "summary.json")
+    wanted_steps = next(int(b.split("=")[1]) for b in bindings if b.startswith("run.steps="))
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+        if summary.get("step") == wanted_steps:
+            print(f"{name}: finished before, skipped", flush=True)
+            return summary
+    command = [sys.executable, "-m", "pretrain.train", f"--workdir={workdir}"]
+    command += [f"--gin_file={g}" for g in [*_GIN_FILES.value, arm_file]]
+    command += [f"--gin_bindings={b}" for b in bindings]
+    print(f"{name}: training ({' '.join(command[2:])})", flush=True)
+    result = subprocess.run(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        raise AblationError(f"arm {name} failed: {errors[-1] if errors else result.stderr[-2000:]}")
+    with open(summary_path) as f:
+        return json.load(f)
+
+
+def eval_curve(workdir: str) -> list[dict]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["split"] == "eval"]
+
+
+def write_results(directory: str, grid: str, summaries: dict[str, dict], steps: int) -> str:
+    """DIR/results.md and DIR/eval_curves.png; returns the markdown table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def fmt(value, pattern="{:.4f}"):
+        return "-" if value is None else pattern.format(value)
+
+    lines = [
+        f"Grid `{grid}`, {steps} steps per arm, same data, seed and tokens per arm.",
+        "",
+        "| arm | held-out loss | MLM accuracy | sentence accuracy | tokens/s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in summaries.items():
+        lines.append(
+            f"| {name} | {fmt(s['loss'])} | {fmt(s['mlm_accuracy'])} | {fmt(s.get('sentence_accuracy'))} "
+            f"| {fmt(s.get('tokens_per_second'), '{:.0f}')} |"
+        )
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(directory, "results.md"), "w") as f:
+        f.write(table)
+
+    fig, (acc, loss) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in summaries:
+        curve = eval_curve(os.path.join(directory, name))
+        acc.plot([r["step"] for r in curve], [r["mlm_accuracy"] for r in curve], marker="o", label=name)
+        loss.plot([r["step"] for r in curve], [r["mlm_loss"] for r in curve], marker="o", label=name)
+    acc.set(xlabel="step", ylabel="held-out MLM accuracy", title=os.path.basename(grid.rstrip("/")))
+    loss.set(xlabel="step", ylabel="held-out MLM loss")
+    acc.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(directory, "eval_curves.png"), dpi=100)
+    plt.close(fig)
+    return table
+
+
+def main(argv):
+    from data import shards
+    from pretrain import cli
+
+    if len(argv) != 2:
+        raise app.UsageError(
+            "usage: python -m pretrain.ablate configs/ablations/<grid> --workdir=DIR --data_dir=DIR"
+        )
+    grid = argv[1]
+    cli.setup_logging()
+    with cli.user_errors():
+        try:
+            arms = grid_arms(grid)
+            vocab_size = shards.load_manifest(_DATA_DIR.value)["vocab_size"]
+            shared = [f"run.data_dir='{_DATA_DIR.value}'", f"EncoderConfig.vocab_size={vocab_size}"]
+            shared += _GIN_BINDINGS.value
+            steps = [f"run.steps={_STEPS.value}"] if _STEPS.value is not None else []
+            budgets = {name: arm_budget([*_GIN_FILES.value, f], shared + steps) for name, f in arms.items()}
+            if len({b["tokens"] for b in budgets.values()}) > 1:
+                raise AblationError(
+                    "arms see different numbers of training tokens (steps x batch x length): "
+                    + ", ".join(f"{n} {b['tokens']}" for n, b in budgets.items())
+                    + "; make the arms' batch_size x max_seq_length x steps equal"
+                )
+            os.makedirs(_WORKDIR.value, exist_ok=True)
+            summaries = {}
+            for name, arm_file in arms.items():
+                bindings = [*shared, f"run.steps={budgets[name]['steps']}"]
+                summaries[name] = run_arm(name, arm_file, os.path.join(_WORKDIR.value, name), bindings)
+        except AblationError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    steps = next(iter(budgets.values()))["steps"]
+    print(write_results(_WORKDIR.value, grid, summaries, steps))
+    print(f"results: {_WORKDIR.value}/results.md, {_WORKDIR.value}/eval_curves.png")
+
+
+if __name__ == "__main__":
+    app.run(main)
