@@ -13,6 +13,7 @@ MLP = "mlp"  # FFN width F, and the output side of square H->H projections
 HEADS = "heads"  # attention heads
 KV = "kv"  # per-head width H / heads
 VOCAB = "vocab"  # vocabulary entries (embedding rows, MLM logits)
+FACTORIZED = "factorized"  # ALBERT's embedding width E when E != H (tables, MLM decoder)
 PREDICTIONS = "predictions"  # the P masked positions of the MLM head
 
-ALL = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, VOCAB, PREDICTIONS)
+ALL = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, VOCAB, FACTORIZED, PREDICTIONS)

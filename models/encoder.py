@@ -1,18 +1,37 @@
-"""BERT encoder: embeddings, post-LN Transformer layers and the pooler (Flax linen).
+"""BERT-family encoder: embeddings, post-LN Transformer layers and the pooler (Flax linen).
+
+One module covers BERT, RoBERTa (`position_offset`, one token type) and ALBERT
+(factorized embedding `embedding_size`, cross-layer `sharing`).
 
 Shapes use B = batch, L = length, H = hidden_size, N = num_heads,
-D = H / N (head width), F = intermediate_size, V = vocab_size.
+D = H / N (head width), F = intermediate_size, V = vocab_size,
+E = embedding width (`embedding_size`, H unless ALBERT factorizes it).
 
 Parameter tree of `Encoder` (names chosen to map one-to-one onto the published
-BERT checkpoints; q/k/v kernels are stored as [H, N, D], i.e. TF's [H, H] reshaped):
+checkpoints; q/k/v kernels are stored as [H, N, D], i.e. TF's [H, H] reshaped):
 
-    embeddings/{word_embeddings, position_embeddings, token_type_embeddings}/embedding
-    embeddings/layer_norm/{scale, bias}
-    layer_{i}/attention/{query, key, value, output}/{kernel, bias}
-    layer_{i}/attention_layer_norm/{scale, bias}
-    layer_{i}/{intermediate, output}/{kernel, bias}
-    layer_{i}/output_layer_norm/{scale, bias}
+    embeddings/{word_embeddings, position_embeddings, token_type_embeddings}/embedding   [*, E]
+    embeddings/layer_norm/{scale, bias}                                                  [E]
+    embedding_projection/{kernel, bias}      [E, H], [H]; only when E != H (ALBERT's
+                                             embedding_hidden_mapping_in)
+    <layer>/attention/{query, key, value, output}/{kernel, bias}
+    <layer>/attention_layer_norm/{scale, bias}
+    <layer>/{intermediate, output}/{kernel, bias}
+    <layer>/output_layer_norm/{scale, bias}
     pooler/{kernel, bias}
+
+where <layer> depends on `EncoderConfig.sharing` (one parameter set per name):
+
+    "none"       layer_0 .. layer_{n-1}, each with all of the above (BERT, RoBERTa)
+    "all"        shared_layer, applied num_layers times (ALBERT's default)
+    "attention"  shared_attention/{attention, attention_layer_norm} used by every layer,
+                 layer_{i}/{intermediate, output, output_layer_norm} per layer
+    "ffn"        shared_ffn/{intermediate, output, output_layer_norm} used by every layer,
+                 layer_{i}/{attention, attention_layer_norm} per layer
+
+A sub-block's post-LayerNorm belongs to the sub-block (the attention block is
+attention + dropout + add & LayerNorm; the FFN block likewise), as in HF's
+AlbertAttention, which owns its LayerNorm.
 
 Every parameter carries logical axis names (models/axes.py); compute happens in
 `config.dtype`, storage in `config.param_dtype`, and LayerNorm statistics and the
@@ -41,6 +60,9 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 }
 _DTYPES = ("float32", "bfloat16", "float16")
 _ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
+# Cross-layer parameter sharing (ALBERT, arXiv 1909.11942 Table 4): which sub-blocks
+# all layers share. See the module docstring for the parameter trees.
+SHARING_MODES = ("none", "all", "attention", "ffn")
 # What the backward pass may keep from the forward pass of each layer (the rest is
 # recomputed): "none" keeps everything (no remat), "full" keeps only the layer inputs,
 # "dots_saveable" keeps matmul outputs and recomputes the cheap elementwise work.
@@ -73,6 +95,16 @@ class EncoderConfig:
         active in training (see `explicit_attention`).
       remat_policy: rematerialisation of each layer in the backward pass: "none",
         "full" or "dots_saveable" (memory at length 512 / large models vs ~30% compute).
+        With sharing "attention" or "ffn" each sub-block is rematerialised separately.
+      embedding_size: E, the width of the embedding tables (ALBERT: 128). None or
+        hidden_size = no factorization. Otherwise the embeddings (after their LayerNorm
+        and dropout) are projected E -> H, and the MLM head's transform outputs E so that
+        its decoder is tied to the [V, E] table.
+      sharing: cross-layer parameter sharing, one of SHARING_MODES ("none": BERT;
+        "all": ALBERT). Sharing saves parameters, never FLOPs.
+      position_offset: added to every position id before the position-embedding lookup.
+        RoBERTa (fairseq, HF) numbers positions from padding_idx + 1 = 2, so its table
+        has max_position_embeddings = 514 rows of which rows 0 and 1 are never read.
     """
 
     vocab_size: int = 30522
@@ -91,6 +123,9 @@ class EncoderConfig:
     param_dtype: str = "float32"
     attention_implementation: str | None = None
     remat_policy: str = "none"
+    embedding_size: int | None = None
+    sharing: str = "none"
+    position_offset: int = 0
 
     def __post_init__(self):
         def fail(name: str, requirement: str) -> None:
@@ -121,6 +156,32 @@ class EncoderConfig:
             fail("attention_implementation", f"one of {_ATTENTION_IMPLEMENTATIONS}")
         if self.remat_policy not in _REMAT_POLICIES:
             fail("remat_policy", f"one of {sorted(_REMAT_POLICIES)}")
+        if self.embedding_size is not None and self.embedding_size < 1:
+            fail("embedding_size", ">= 1 (or None for embedding_size = hidden_size)")
+        if self.sharing not in SHARING_MODES:
+            fail("sharing", f"one of {SHARING_MODES}")
+        if not 0 <= self.position_offset < self.max_position_embeddings:
+            fail("position_offset", f"in [0, max_position_embeddings={self.max_position_embeddings})")
+
+    @property
+    def embedding_width(self) -> int:
+        """E: the width of the embedding tables and of the tied MLM decoder."""
+        return self.hidden_size if self.embedding_size is None else self.embedding_size
+
+    @property
+    def factorized_embedding(self) -> bool:
+        """Whether E != H, i.e. an E -> H projection follows the embeddings (ALBERT)."""
+        return self.embedding_width != self.hidden_size
+
+    @property
+    def embedding_axis(self) -> str:
+        """Logical name of the E dimension: `embed` when E = H, else `factorized`."""
+        return axes.FACTORIZED if self.factorized_embedding else axes.EMBED
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence the position table covers (after `position_offset`)."""
+        return self.max_position_embeddings - self.position_offset
 
     @property
     def head_dim(self) -> int:
@@ -153,7 +214,7 @@ def bias_init(names: Sequence[str | None]) -> nn.initializers.Initializer:
 
 
 def dense(
-    config: EncoderConfig, features: int, names: tuple[str | None, str | None], *, name: str
+    config: EncoderConfig, features: int, names: tuple[str | None, str | None], *, name: str | None = None
 ) -> nn.Dense:
     """Dense layer [..., in] -> [..., features] in compute dtype; kernel axes `names`."""
     return nn.Dense(
@@ -166,28 +227,29 @@ def dense(
     )
 
 
-def layer_norm(config: EncoderConfig, *, name: str) -> nn.LayerNorm:
-    """LayerNorm over H computing in float32 (callers cast the result back)."""
+def layer_norm(config: EncoderConfig, axis: str = axes.EMBED, *, name: str | None = None) -> nn.LayerNorm:
+    """LayerNorm over the last dimension (logical name `axis`: H, or E for the
+    factorized embeddings), computing in float32 (callers cast the result back)."""
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps,
         dtype=jnp.float32,
         param_dtype=config.storage_dtype,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axes.EMBED,)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes.EMBED,)),
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axis,)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axis,)),
         name=name,
     )
 
 
 def _add_and_normalize(
-    config: EncoderConfig, residual: jax.Array, update: jax.Array, *, name: str
+    config: EncoderConfig, norm: nn.LayerNorm, residual: jax.Array, update: jax.Array
 ) -> jax.Array:
-    """Post-LN residual: LayerNorm(residual + update), [B, L, H] compute dtype.
+    """Post-LN residual: norm(residual + update), [B, L, H] compute dtype.
 
     The sum is taken in float32 because the LayerNorm reads float32 anyway (an
     elementwise cast that XLA fuses into the normalisation).
     """
     x = residual.astype(jnp.float32) + update.astype(jnp.float32)
-    return layer_norm(config, name=name)(x).astype(config.compute_dtype)
+    return norm(x).astype(config.compute_dtype)
 
 
 def _constrain_hidden(x: jax.Array) -> jax.Array:
@@ -306,7 +368,7 @@ class SelfAttention(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """Word + learned absolute position + token type embeddings, LayerNorm, dropout."""
+    """Word + learned absolute position + token type embeddings (width E), LayerNorm, dropout."""
 
     config: EncoderConfig
 
@@ -314,59 +376,96 @@ class Embeddings(nn.Module):
     def __call__(
         self, input_ids: jax.Array, segment_ids: jax.Array, positions: jax.Array, *, deterministic: bool
     ) -> tuple[jax.Array, jax.Array]:
-        """input_ids, segment_ids, positions: [B, L] int32.
+        """input_ids, segment_ids, positions: [B, L] int32 (positions count from 0;
+        `config.position_offset` is added here).
 
         Returns:
-          embeddings [B, L, H] compute dtype, and the word embedding table
-          [V, H] param dtype (for the tied MLM decoder).
+          embeddings [B, L, E] compute dtype, and the word embedding table
+          [V, E] param dtype (for the tied MLM decoder).
         """
         cfg = self.config
+        width_axis = cfg.embedding_axis
 
         def table(num: int, first_axis: str | None, name: str) -> nn.Embed:
             # Lookups are gathers (no FLOPs); they read float32 because the sum
             # feeds a float32 LayerNorm.
             return nn.Embed(
                 num,
-                cfg.hidden_size,
+                cfg.embedding_width,
                 dtype=jnp.float32,
                 param_dtype=cfg.storage_dtype,
-                embedding_init=kernel_init(cfg, (first_axis, axes.EMBED)),
+                embedding_init=kernel_init(cfg, (first_axis, width_axis)),
                 name=name,
             )
 
         word_embeddings = table(cfg.vocab_size, axes.VOCAB, "word_embeddings")
         x = (
             word_embeddings(input_ids)
-            + table(cfg.max_position_embeddings, None, "position_embeddings")(positions)
+            + table(cfg.max_position_embeddings, None, "position_embeddings")(positions + cfg.position_offset)
             + table(cfg.type_vocab_size, None, "token_type_embeddings")(segment_ids)
         )
-        x = layer_norm(cfg, name="layer_norm")(x).astype(cfg.compute_dtype)
+        x = layer_norm(cfg, width_axis, name="layer_norm")(x).astype(cfg.compute_dtype)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-        return _constrain_hidden(x), word_embeddings.embedding
+        return nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, width_axis)), word_embeddings.embedding
 
 
 class TransformerLayer(nn.Module):
-    """Post-LN layer: attention -> add & LN -> FFN (H -> F -> H) -> add & LN."""
+    """Post-LN layer: attention block (attention -> add & LN), then FFN block
+    (H -> F -> H -> add & LN).
+
+    The two blocks are separate methods so that cross-layer sharing can take one
+    block from a shared layer and the other from the layer's own: submodules are
+    defined in `setup`, which creates parameters only for the blocks a layer runs
+    (a `shared_attention` layer holds no FFN parameters).
+    """
 
     config: EncoderConfig
 
-    @nn.compact
+    def setup(self):
+        cfg = self.config
+        self.attention = SelfAttention(cfg)
+        self.attention_layer_norm = layer_norm(cfg)
+        self.intermediate = dense(cfg, cfg.intermediate_size, (axes.EMBED, axes.MLP))
+        self.output = dense(cfg, cfg.hidden_size, (axes.MLP, axes.EMBED))
+        self.output_layer_norm = layer_norm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def attend(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+        """The attention block. x: [B, L, H] compute dtype; mask: from `attention_mask`."""
+        attended = self.attention(x, mask, deterministic=deterministic)
+        attended = self.dropout(attended, deterministic=deterministic)
+        return _constrain_hidden(_add_and_normalize(self.config, self.attention_layer_norm, x, attended))
+
+    def feed_forward(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        """The FFN block. x: [B, L, H] compute dtype."""
+        h = self.intermediate(x)
+        h = nn.with_logical_constraint(self.config.activation(h), (axes.BATCH, axes.LENGTH, axes.MLP))
+        h = self.dropout(self.output(h), deterministic=deterministic)
+        return _constrain_hidden(_add_and_normalize(self.config, self.output_layer_norm, x, h))
+
     def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
         """x: [B, L, H] compute dtype; mask: from `attention_mask`. Returns [B, L, H] compute dtype.
 
         `deterministic` is positional so that nn.remat can mark it static.
         """
-        cfg = self.config
-        dropout = nn.Dropout(cfg.dropout_rate)
-        attended = SelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
-        attended = dropout(attended, deterministic=deterministic)
-        x = _constrain_hidden(_add_and_normalize(cfg, x, attended, name="attention_layer_norm"))
+        return self.feed_forward(self.attend(x, mask, deterministic), deterministic)
 
-        h = dense(cfg, cfg.intermediate_size, (axes.EMBED, axes.MLP), name="intermediate")(x)
-        h = nn.with_logical_constraint(cfg.activation(h), (axes.BATCH, axes.LENGTH, axes.MLP))
-        h = dense(cfg, cfg.hidden_size, (axes.MLP, axes.EMBED), name="output")(h)
-        h = dropout(h, deterministic=deterministic)
-        return _constrain_hidden(_add_and_normalize(cfg, x, h, name="output_layer_norm"))
+
+# The units that Encoder rematerialises, as functions of the layer that owns the
+# parameters (nn.remat lifts a function whose first argument is a module): the whole
+# layer when one module owns both blocks, else each block on its own.
+def _whole_layer(layer: TransformerLayer, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+    return layer(x, mask, deterministic)
+
+
+def _attention_block(
+    layer: TransformerLayer, x: jax.Array, mask: jax.Array, deterministic: bool
+) -> jax.Array:
+    return layer.attend(x, mask, deterministic)
+
+
+def _ffn_block(layer: TransformerLayer, x: jax.Array, deterministic: bool) -> jax.Array:
+    return layer.feed_forward(x, deterministic)
 
 
 @flax.struct.dataclass
@@ -376,7 +475,7 @@ class EncoderOutput:
     Attributes:
       sequence_output: [B, L, H] compute dtype, the last layer's hidden states.
       pooled_output: [B, H] compute dtype, tanh(dense(first token)).
-      word_embeddings: [V, H] param dtype, the token table (the tied MLM decoder).
+      word_embeddings: [V, E] param dtype, the token table (the tied MLM decoder).
     """
 
     sequence_output: jax.Array
@@ -385,7 +484,8 @@ class EncoderOutput:
 
 
 class Encoder(nn.Module):
-    """Embeddings, `num_layers` Transformer layers and the pooler."""
+    """Embeddings (projected E -> H if factorized), `num_layers` Transformer layers
+    (parameters shared as `config.sharing` says) and the pooler."""
 
     config: EncoderConfig
 
@@ -404,7 +504,8 @@ class Encoder(nn.Module):
 
         Args:
           input_ids, input_mask, segment_ids: [B, L] int32 (input_mask 1 = real token).
-          positions: [B, L] int32 position ids; default 0..L-1 in every row.
+          positions: [B, L] int32 position ids counting from 0 (`position_offset` is
+            added in the embeddings); default 0..L-1 in every row.
           example_ids: [B, L] int32 packed-example ids (0 = pad), or None without packing.
           deterministic: False in training: enables dropout (rng collection "dropout").
         """
@@ -414,12 +515,37 @@ class Encoder(nn.Module):
         x, word_embeddings = Embeddings(cfg, name="embeddings")(
             input_ids, segment_ids, positions, deterministic=deterministic
         )
+        if cfg.factorized_embedding:
+            # ALBERT's embedding_hidden_mapping_in. The original (google-research/albert
+            # modeling.py) applies it only when E != H; HF's AlbertTransformer always has it.
+            # We follow the original, so E = H (the E = 768 ablation arm) is plain BERT.
+            x = dense(cfg, cfg.hidden_size, (axes.FACTORIZED, axes.EMBED), name="embedding_projection")(x)
+            x = _constrain_hidden(x)
         mask = attention_mask(input_mask, example_ids)
-        layer = TransformerLayer
+
+        whole_layer, attention_block, ffn_block = _whole_layer, _attention_block, _ffn_block
         if cfg.remat_policy != "none":
-            # Argument 3 (self, x, mask, deterministic) is a Python bool: static.
-            layer = nn.remat(TransformerLayer, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=(3,))
-        for i in range(cfg.num_layers):
-            x = layer(cfg, name=f"layer_{i}")(x, mask, deterministic)
+            # The last argument (deterministic) is a Python bool: static. Flax counts the
+            # module argument in static_argnums.
+            policy = _REMAT_POLICIES[cfg.remat_policy]
+            whole_layer = nn.remat(_whole_layer, policy=policy, static_argnums=(3,))
+            attention_block = nn.remat(_attention_block, policy=policy, static_argnums=(3,))
+            ffn_block = nn.remat(_ffn_block, policy=policy, static_argnums=(2,))
+
+        # Flax shares the parameters of a module called more than once.
+        if cfg.sharing == "all":
+            shared = TransformerLayer(cfg, name="shared_layer")
+            for _ in range(cfg.num_layers):
+                x = whole_layer(shared, x, mask, deterministic)
+        elif cfg.sharing == "none":
+            for i in range(cfg.num_layers):
+                x = whole_layer(TransformerLayer(cfg, name=f"layer_{i}"), x, mask, deterministic)
+        else:
+            shared = TransformerLayer(cfg, name=f"shared_{cfg.sharing}")
+            for i in range(cfg.num_layers):
+                own = TransformerLayer(cfg, name=f"layer_{i}")
+                attention_owner, ffn_owner = (shared, own) if cfg.sharing == "attention" else (own, shared)
+                x = attention_block(attention_owner, x, mask, deterministic)
+                x = ffn_block(ffn_owner, x, deterministic)
         pooled = jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(x[:, 0]))
         return EncoderOutput(sequence_output=x, pooled_output=pooled, word_embeddings=word_embeddings)

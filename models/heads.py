@@ -2,8 +2,9 @@
 
 Parameter trees (names map onto BERT's cls/predictions and cls/seq_relationship):
 
-    MaskedLMHead: transform/{kernel, bias}, transform_layer_norm/{scale, bias}, output_bias
-    SentenceHead: classifier/{kernel, bias}
+    MaskedLMHead: transform/{kernel, bias} [H, E], [E]; transform_layer_norm/{scale, bias} [E];
+                  output_bias [V]   (E = H except for ALBERT's factorized embedding)
+    SentenceHead: classifier/{kernel, bias}   (NSP for BERT, SOP for ALBERT: same head)
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ class MaskedLMHead(nn.Module):
     """BERT's MLM head, evaluated only at the P masked positions.
 
     The positions are gathered first, so the transform and the vocabulary
-    projection cost O(B * P * V), never O(B * L * V).
+    projection cost O(B * P * V), never O(B * L * V). With ALBERT's factorized
+    embedding the transform maps H -> E and its LayerNorm is over E, so the decoder
+    is the [V, E] table (google-research/albert modeling.py get_masked_lm_output).
     """
 
     config: EncoderConfig
@@ -34,24 +37,26 @@ class MaskedLMHead(nn.Module):
         Args:
           sequence_output: [B, L, H] compute dtype, the encoder's last hidden states.
           masked_lm_positions: [B, P] int32 indices into L.
-          word_embeddings: [V, H] the token embedding table (decoder tied to it).
+          word_embeddings: [V, E] the token embedding table (decoder tied to it).
         Returns:
           [B, P, V] float32 logits.
         """
         cfg = self.config
         x = jnp.take_along_axis(sequence_output, masked_lm_positions[:, :, None], axis=1)
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
-        x = cfg.activation(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="transform")(x))
-        x = layer_norm(cfg, name="transform_layer_norm")(x).astype(cfg.compute_dtype)
-        # Back to the residual layout before the tied decoder: the square transform leaves
+        # E = H: the square transform's output is labelled `mlp` like any H -> H projection.
+        out_axis = axes.FACTORIZED if cfg.factorized_embedding else axes.MLP
+        x = cfg.activation(dense(cfg, cfg.embedding_width, (axes.EMBED, out_axis), name="transform")(x))
+        x = layer_norm(cfg, cfg.embedding_axis, name="transform_layer_norm")(x).astype(cfg.compute_dtype)
+        # Back to the table's layout before the tied decoder: the square transform leaves
         # H labelled `mlp` (split over `tensor`), which the decoder's V also uses. Left to
         # the partitioner, that einsum's backward came out wrong on data x fsdp x tensor
         # meshes (tests/test_sharding.py::test_every_mesh_equals_single_device).
-        x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
+        x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, cfg.embedding_axis))
         # Inputs in compute dtype, accumulation and result in float32: the logits
         # feed a softmax over V entries.
         logits = jnp.einsum(
-            "bph,vh->bpv", x, word_embeddings.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+            "bpe,ve->bpv", x, word_embeddings.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
         )
         output_bias = self.param(
             "output_bias", bias_init((axes.VOCAB,)), (cfg.vocab_size,), cfg.storage_dtype

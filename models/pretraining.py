@@ -85,10 +85,13 @@ def flops_per_sequence(config: EncoderConfig, seq_len: int, num_predictions: int
     """Model matmul FLOPs to train on one sequence (forward + backward = 3x forward).
 
     PERFORMANCE.md: F = 3 * [L*(2*s*(4*h*h + 2*h*f) + 4*s*s*h) + 2*P*(h*h + h*V)],
-    with s = seq_len, P = num_predictions. Embedding gathers, the pooler and
-    the sentence classifier are not counted.
+    with s = seq_len, P = num_predictions. With a factorized embedding (E != H) the
+    E -> H projection adds 2*s*E*h and the MLM head costs 2*P*(h*E + E*V) instead.
+    Cross-layer sharing changes nothing: every layer still runs. Embedding gathers,
+    the pooler and the sentence classifier are not counted.
     """
-    s, h, f = seq_len, config.hidden_size, config.intermediate_size
+    s, h, f, e = seq_len, config.hidden_size, config.intermediate_size, config.embedding_width
     layers = config.num_layers * (2 * s * (4 * h * h + 2 * h * f) + 4 * s * s * h)
-    mlm = 2 * num_predictions * (h * h + h * config.vocab_size)
-    return 3.0 * (layers + mlm)
+    projection = 2 * s * e * h if config.factorized_embedding else 0
+    mlm = 2 * num_predictions * (h * e + e * config.vocab_size)
+    return 3.0 * (layers + projection + mlm)

@@ -10,6 +10,11 @@ linearly decayed to 0 at `total_steps`. The decay runs over the *whole* run
 One deviation, named here and in the README: the original `AdamWeightDecayOptimizer`
 has no bias correction of the moments; optax's Adam has it (as do HF and fairseq).
 Its effect is confined to the first few thousand steps, which are in warmup anyway.
+
+RoBERTa (fairseq) uses the same AdamW with beta2 0.98, eps 1e-6 and no clipping
+(configs/recipes/roberta.gin). ALBERT (google-research/albert `lamb_optimizer.py`,
+`optimization.py`) uses LAMB with the same schedule, clipping, decay rate and no-decay
+names; see `lamb`.
 """
 
 from __future__ import annotations
@@ -60,4 +65,35 @@ def adamw(
     schedule = warmup_linear_decay(learning_rate, warmup_steps, total_steps)
     parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
     parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask))
+    return optax.chain(*parts), schedule
+
+
+@gin.configurable
+def lamb(
+    total_steps: int,
+    learning_rate: float = 0.00176,
+    warmup_steps: int = 3125,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    weight_decay: float = 0.01,
+    clip_norm: float | None = 1.0,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """ALBERT's LAMB (defaults = the published hyperparameters). Returns (optimizer, schedule).
+
+    optax.lamb's chain (Adam moments, decoupled weight decay, per-tensor trust ratio
+    ||w|| / ||update||, learning rate), with one change to follow the original: the
+    trust ratio is masked like the weight decay. ALBERT's `LAMBOptimizer` sets
+    `exclude_from_layer_adaptation` to the weight-decay exclusions, so LayerNorm
+    parameters and biases take a plain Adam step, where optax.lamb would rescale them
+    too. As in `adamw`, optax's Adam has bias correction and the original has none.
+    """
+    schedule = warmup_linear_decay(learning_rate, warmup_steps, total_steps)
+    parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+    parts += [
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
+        optax.masked(optax.scale_by_trust_ratio(), decay_mask),
+        optax.scale_by_learning_rate(schedule),
+    ]
     return optax.chain(*parts), schedule

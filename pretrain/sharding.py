@@ -40,6 +40,7 @@ def logical_axis_rules(fsdp_embed: bool = True) -> tuple[tuple[str, str | tuple[
         (axes.MLP, "tensor"),
         (axes.HEADS, "tensor"),
         (axes.VOCAB, "tensor"),
+        (axes.FACTORIZED, None),  # ALBERT's E = 128: too small to be worth splitting
         (axes.LENGTH, None),
         (axes.KV, None),
         (axes.PREDICTIONS, None),

@@ -531,10 +531,12 @@ class _Phases:
         self._start = phase2_start
         self._model_config = model_config
         for config in self._configs:
-            if config.max_seq_length > model_config.max_position_embeddings:
+            if config.max_seq_length > model_config.max_length:
+                offset = model_config.position_offset  # RoBERTa's positions start at 2
                 raise TrainError(
                     f"max_seq_length {config.max_seq_length} exceeds EncoderConfig.max_position_embeddings "
                     f"= {model_config.max_position_embeddings}"
+                    + (f" minus position_offset = {offset}" if offset else "")
                 )
 
     def index(self, step: int) -> int:

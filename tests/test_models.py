@@ -17,6 +17,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from models import axes
 from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
 from models.pretraining import PretrainingModel, abstract_params, count_params, flops_per_sequence
+from pretrain import optim, trainer  # noqa: F401  (registers adamw and run for the recipes)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -70,6 +71,10 @@ def tiny():
         ({"attention_implementation": "flash"}, "attention_implementation"),
         ({"dropout_rate": 1.0}, "dropout_rate"),
         ({"num_layers": 0}, "num_layers"),
+        ({"sharing": "layers"}, "sharing"),
+        ({"embedding_size": 0}, "embedding_size"),
+        ({"position_offset": 32}, "position_offset"),
+        ({"position_offset": -1}, "position_offset"),
     ],
 )
 def test_config_rejects_bad_values(overrides, message):
@@ -102,14 +107,68 @@ def test_config_gin_binding():
     ],
 )
 def test_model_gin_files(name, sizes):
+    config = _model_config(name)
+    assert (config.num_layers, config.hidden_size, config.num_heads, config.intermediate_size) == sizes
+    assert config.vocab_size == 30522
+    assert (config.embedding_size, config.sharing, config.position_offset) == (None, "none", 0)
+
+
+def _model_config(name: str) -> EncoderConfig:
     gin.clear_config()
     try:
         gin.parse_config_file(str(ROOT / "configs/models" / f"{name}.gin"))
-        config = EncoderConfig()
+        return EncoderConfig()
     finally:
         gin.clear_config()
+
+
+@pytest.mark.parametrize(
+    "name, sizes", [("roberta_base", (12, 768, 12, 3072)), ("roberta_large", (24, 1024, 16, 4096))]
+)
+def test_roberta_gin_files(name, sizes):
+    config = _model_config(name)
     assert (config.num_layers, config.hidden_size, config.num_heads, config.intermediate_size) == sizes
-    assert config.vocab_size == 30522
+    assert (config.vocab_size, config.type_vocab_size, config.layer_norm_eps) == (50265, 1, 1e-5)
+    assert (config.max_position_embeddings, config.position_offset, config.max_length) == (514, 2, 512)
+    assert (config.embedding_size, config.sharing) == (None, "none")
+
+
+@pytest.mark.parametrize(
+    "name, sizes",
+    [
+        ("albert_base", (12, 768, 12, 3072)),
+        ("albert_large", (24, 1024, 16, 4096)),
+        ("albert_xlarge", (24, 2048, 16, 8192)),
+        ("albert_xxlarge", (12, 4096, 64, 16384)),
+    ],
+)
+def test_albert_gin_files(name, sizes):
+    config = _model_config(name)
+    assert (config.num_layers, config.hidden_size, config.num_heads, config.intermediate_size) == sizes
+    assert (config.vocab_size, config.embedding_size, config.sharing) == (30000, 128, "all")
+    assert (config.type_vocab_size, config.max_length) == (2, 512)
+
+
+# The released checkpoints' sizes (issue 3; ALBERT's paper rounds them up, xxlarge to 235M).
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("bert_base", 110e6),
+        ("bert_large", 335e6),
+        ("roberta_base", 125e6),
+        ("roberta_large", 355e6),
+        ("albert_base", 11.7e6),
+        ("albert_large", 17.7e6),
+        ("albert_xlarge", 58.7e6),
+        ("albert_xxlarge", 223e6),
+    ],
+)
+def test_published_param_counts(name, published):
+    """eval_shape only: even xxlarge allocates nothing."""
+    count = count_params(
+        abstract_params(_model_config(name), sentence_objective=not name.startswith("roberta"))
+    )
+    assert abs(count / published - 1) < 0.03, count
 
 
 # --- shapes, dtypes, parameters ----------------------------------------------------
@@ -203,6 +262,73 @@ def test_flops_per_sequence():
     assert abs(flops_per_sequence(EncoderConfig(), 128, 20) / 70e9 - 1) < 0.03
     assert abs(flops_per_sequence(large, 128, 20) / 241e9 - 1) < 0.03
     assert abs(flops_per_sequence(large, 512, 76) / 1.02e12 - 1) < 0.03
+
+
+@pytest.mark.parametrize("size, learning_rate, warmup", [("base", 6e-4, 24000), ("large", 4e-4, 30000)])
+def test_roberta_recipe(monkeypatch, size, learning_rate, warmup):
+    monkeypatch.chdir(ROOT)  # gin includes are relative to the repository root
+    recipe = "roberta.gin" if size == "base" else "roberta_large.gin"
+    gin.clear_config()
+    try:
+        gin.parse_config_files_and_bindings(
+            [f"configs/models/roberta_{size}.gin", f"configs/recipes/{recipe}"], [], skip_unknown=False
+        )
+        config = EncoderConfig()
+        bound = {
+            name: gin.query_parameter(name)
+            for name in (
+                "run.sentence_objective",
+                "run.batch_size",
+                "run.steps",
+                "adamw.learning_rate",
+                "adamw.warmup_steps",
+                "adamw.b2",
+                "adamw.eps",
+                "adamw.weight_decay",
+                "adamw.clip_norm",
+            )
+        }
+    finally:
+        gin.clear_config()
+    assert (config.vocab_size, config.position_offset, config.type_vocab_size) == (50265, 2, 1)
+    assert bound == {
+        "run.sentence_objective": False,
+        "run.batch_size": 8192,
+        "run.steps": 500000,
+        "adamw.learning_rate": learning_rate,
+        "adamw.warmup_steps": warmup,
+        "adamw.b2": 0.98,
+        "adamw.eps": 1e-6,
+        "adamw.weight_decay": 0.01,
+        "adamw.clip_norm": 0.0,
+    }
+
+
+def test_roberta_position_offset(tiny):
+    """Offset 2 reads rows 2.. of a 514-style table: the same function as offset 0 on those rows."""
+    offset = dataclasses.replace(TINY, max_position_embeddings=L + 2, position_offset=2, type_vocab_size=1)
+    plain = dataclasses.replace(offset, max_position_embeddings=L, position_offset=0)
+    batch = dict(make_batch(), segment_ids=np.zeros((B, L), np.int32))
+    params = nn.unbox(jax.jit(lambda rng: PretrainingModel(offset).init(rng, batch, deterministic=True))(RNG))
+    assert params["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"].shape == (L + 2, 32)
+    shifted = jax.tree.map(lambda x: x, params)
+    table = shifted["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"]
+    shifted["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"] = table[2:]
+
+    expected = PretrainingModel(plain).apply(shifted, batch, deterministic=True)["mlm_logits"]
+    actual = PretrainingModel(offset).apply(params, batch, deterministic=True)["mlm_logits"]
+    np.testing.assert_allclose(actual, expected, atol=1e-6)
+    # Rows 0 and 1 are never read (fairseq's padding_idx = 1 and below).
+    changed = jax.tree.map(lambda x: x, params)
+    changed["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"] = table.at[:2].set(9.0)
+    np.testing.assert_array_equal(
+        PretrainingModel(offset).apply(changed, batch, deterministic=True)["mlm_logits"], actual
+    )
+    # ... and the offset is real: without it the same parameters give another function.
+    unshifted = dataclasses.replace(offset, position_offset=0)
+    assert not np.allclose(
+        PretrainingModel(unshifted).apply(params, batch, deterministic=True)["mlm_logits"], actual
+    )
 
 
 # --- the MLM head --------------------------------------------------------------------
@@ -461,6 +587,21 @@ def test_summary_cli():
     assert float(lines["train_flops_per_token"]) == pytest.approx(
         float(lines["train_gflops_per_sequence"]) * 1e9 / 128, rel=1e-4
     )
+
+
+def test_summary_cli_roberta_without_sentence_head():
+    with_head = _summary("--gin_file=configs/models/roberta_base.gin", "--seq_len=512")
+    without = _summary(
+        "--gin_file=configs/models/roberta_base.gin", "--seq_len=512", "--nosentence_objective"
+    )
+    assert with_head.returncode == without.returncode == 0, without.stderr
+    params = [
+        int(dict(line.split(": ") for line in r.stdout.splitlines())["params"]) for r in (with_head, without)
+    ]
+    assert params[0] - params[1] == 2 * (768 + 1)  # the 2-way head on the pooled output
+    assert abs(params[1] / 125e6 - 1) < 0.03
+    too_long = _summary("--gin_file=configs/models/roberta_base.gin", "--seq_len=513")
+    assert too_long.returncode == 2 and "position_offset=2" in too_long.stderr
 
 
 def test_summary_cli_reports_cli():

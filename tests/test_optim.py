@@ -1,7 +1,11 @@
-"""BERT's optimizer: which parameters get weight decay, and the warmup/linear-decay schedule."""
+"""Optimizers: which parameters get weight decay, the warmup/linear-decay schedule, and
+ALBERT's LAMB (trust ratio, masked like the weight decay)."""
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import traverse_util
 
 from models.encoder import EncoderConfig
@@ -38,3 +42,76 @@ def test_warmup_then_linear_decay_over_the_whole_run():
     values = np.array([float(schedule(s)) for s in (0, 5, 10, 55, 100, 120)])
     # Warmup is linear to the peak; after it lr = peak * (1 - step / total), as in BERT.
     np.testing.assert_allclose(values, [0.0, 5e-5, 9e-5, 4.5e-5, 0.0, 0.0], rtol=1e-6, atol=1e-12)
+
+
+# --- LAMB (ALBERT) ------------------------------------------------------------------------
+
+
+def _lamb_setup(seed=0):
+    rs = np.random.RandomState(seed)
+    params = {
+        "dense": {"kernel": jnp.asarray(rs.normal(size=(4, 3)), jnp.float32), "bias": jnp.full((3,), 0.5)},
+        "layer_norm": {"scale": jnp.full((3,), 3.0), "bias": jnp.zeros((3,))},
+        "word_embeddings": {"embedding": jnp.asarray(rs.normal(size=(5, 3)), jnp.float32)},
+    }
+    grads = [
+        jax.tree.map(lambda p: jnp.asarray(rs.normal(size=p.shape), jnp.float32), params) for _ in range(3)
+    ]
+    return params, grads
+
+
+def _updates(optimizer, params, grads):
+    state, out = optimizer.init(params), []
+    for g in grads:
+        update, state = optimizer.update(g, state, params)
+        params = optax.apply_updates(params, update)
+        out.append(update)
+    return out
+
+
+def test_lamb_is_optax_lamb_on_decayed_parameters():
+    params, grads = _lamb_setup()
+    decayed = {"dense": {"kernel": params["dense"]["kernel"]}, "word_embeddings": params["word_embeddings"]}
+    only = [
+        {"dense": {"kernel": g["dense"]["kernel"]}, "word_embeddings": g["word_embeddings"]} for g in grads
+    ]
+    ours, schedule = optim.lamb(total_steps=10, learning_rate=1e-2, warmup_steps=2, clip_norm=None)
+    reference = optax.lamb(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01)
+    for a, b in zip(_updates(ours, decayed, only), _updates(reference, decayed, only)):
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
+
+
+def test_lamb_trust_ratio_and_no_decay_mask():
+    """Kernels: ||update|| = lr * ||w|| (LAMB's trust ratio). Biases and LayerNorm: a plain
+    Adam step, no decay and no trust ratio, as ALBERT's exclude_from_layer_adaptation."""
+    params, grads = _lamb_setup()
+    lr = 1e-2
+    optimizer, _ = optim.lamb(total_steps=100, learning_rate=lr, warmup_steps=0, clip_norm=None)
+    first = _updates(optimizer, params, grads[:1])[0]
+    schedule_lr = lr * (1 - 0 / 100)
+    for path in (("dense", "kernel"), ("word_embeddings", "embedding")):
+        w, u = params[path[0]][path[1]], first[path[0]][path[1]]
+        np.testing.assert_allclose(np.linalg.norm(u), schedule_lr * np.linalg.norm(w), rtol=1e-5)
+    # First Adam step with bias correction: g / (|g| + eps).
+    for path in (("dense", "bias"), ("layer_norm", "scale"), ("layer_norm", "bias")):
+        g = np.asarray(grads[0][path[0]][path[1]])
+        np.testing.assert_allclose(first[path[0]][path[1]], -lr * g / (np.abs(g) + 1e-6), rtol=1e-5)
+    # optax.lamb alone would rescale the LayerNorm scale (||w|| = 3 * sqrt(3)): the mask matters.
+    plain = optax.lamb(lr, eps=1e-6, weight_decay=0.01, mask=optim.decay_mask)
+    rescaled = _updates(plain, params, grads[:1])[0]["layer_norm"]["scale"]
+    assert not np.allclose(rescaled, first["layer_norm"]["scale"])
+
+
+def test_lamb_clips_the_global_norm_first():
+    """With clip_norm 1, gradients of global norm n > 1 act as gradients / n."""
+    params, grads = _lamb_setup()
+    norm = float(optax.global_norm(grads[0]))
+    assert norm > 1
+    # A large eps keeps Adam from normalising the gradient's scale away.
+    kwargs = dict(total_steps=10, learning_rate=1e-2, warmup_steps=0, eps=1.0)
+    clipped = _updates(optim.lamb(clip_norm=1.0, **kwargs)[0], params, grads[:1])[0]
+    scaled = jax.tree.map(lambda g: g / norm, grads[0])
+    expected = _updates(optim.lamb(clip_norm=None, **kwargs)[0], params, [scaled])[0]
+    unclipped = _updates(optim.lamb(clip_norm=None, **kwargs)[0], params, grads[:1])[0]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), clipped, expected)
+    assert not np.allclose(clipped["layer_norm"]["bias"], unclipped["layer_norm"]["bias"])
