@@ -32,6 +32,14 @@ The stages, in pipeline order:
    positions, and `sentence_label` (0 = IsNext, 1 = NotNext, as in the original code and
    in the published NSP heads).
 
+The other formats (`PipelineConfig.format`, `sentence_objective`) reuse these stages:
+RoBERTa's SENTENCE-PAIR is `chunk_document(max_chunk_sentences=2)`; ALBERT's SOP
+replaces stage 3 by `swap_segments`; `format_pair(pair_format="roberta")` gives
+`<s> A </s></s> B </s>`. FULL-SENTENCES and DOC-SENTENCES split documents into
+sentences (`split_sentences`), fill rows with `fill_step` (a `Dataset.scan` step, so its
+state is part of the iterator checkpoint), format them with `format_single` and, for
+DOC-SENTENCES, pack short rows together with `pack_step`.
+
 Randomness is stateless (`tf.random.stateless_*`) with seeds derived from the run seed,
 the epoch copy, the document id and the chunk index, so the stream depends only on
 those and not on tf.data's parallelism.
@@ -50,6 +58,9 @@ _SALT_TARGET = 1
 _SALT_CHUNK = 2
 _SALT_RANDOM_B = 3
 _SALT_TRUNCATE = 4
+_SALT_SWAP = 5
+
+PAIR_FORMATS = ("bert", "roberta")
 
 
 def derive_seed(seed: tf.Tensor, *parts) -> tf.Tensor:
@@ -98,6 +109,7 @@ def chunk_document(
     max_seq_length: int,
     short_seq_prob: float,
     random_next_prob: float = 0.5,
+    max_chunk_sentences: int | None = None,
 ) -> dict[str, tf.Tensor]:
     """BERT's chunking loop for one document (stage 2 in the module docstring).
 
@@ -108,6 +120,9 @@ def chunk_document(
       short_seq_prob: probability of a random shorter target length for the document.
       random_next_prob: probability of NotNext for chunks of >= 2 sentences (0 disables
         NotNext except for one-sentence chunks, which have no B of their own).
+      max_chunk_sentences: also close a chunk at this many sentences. 2 gives RoBERTa's
+        SENTENCE-PAIR: A and B are one natural sentence each (and a NotNext B is one
+        sentence of another document, `target_b_length` 1).
 
     Returns:
       A dict of C rows (C = number of chunks): a_tokens [C, None] int32 ragged,
@@ -130,6 +145,8 @@ def chunk_document(
     def body(i, chunk_start, chunk_index, out):
         chunk_len = ends[i] - tf.where(chunk_start > 0, ends[chunk_start - 1], 0)
         close = tf.logical_or(i == num_sentences - 1, chunk_len >= target_seq_length)
+        if max_chunk_sentences is not None:
+            close = tf.logical_or(close, i + 1 - chunk_start >= max_chunk_sentences)
 
         def emit():
             n = i + 1 - chunk_start
@@ -144,7 +161,7 @@ def chunk_document(
                     a_end,
                     tf.where(is_random, a_end, i + 1),
                     tf.cast(is_random, tf.int32),
-                    target_seq_length - a_tokens,
+                    target_seq_length - a_tokens if max_chunk_sentences is None else 1,
                 ]
             )
             # NotNext puts the unused sentences back: the next chunk starts right after A.
@@ -244,27 +261,219 @@ def truncate_pair(pair: Features, *, seed: tf.Tensor, max_num_tokens: int) -> di
 
 
 def format_pair(
-    pair: Features, *, max_seq_length: int, cls_id: int, sep_id: int, pad_id: int
+    pair: Features, *, max_seq_length: int, cls_id: int, sep_id: int, pad_id: int, pair_format: str = "bert"
 ) -> dict[str, tf.Tensor]:
-    """`[CLS] A [SEP] B [SEP]` padded to max_seq_length (stage 5).
+    """The pair as one padded row (stage 5).
 
-    pair: a_tokens [A] int32, b_tokens [B] int32 (A + B <= max_seq_length - 3),
+    pair_format "bert": `[CLS] A [SEP] B [SEP]`, segment_ids 0 for CLS, A and the first
+    SEP, 1 for B and the last SEP; "roberta": `<s> A </s></s> B </s>` (cls_id / sep_id
+    are <s> / </s>), segment_ids all 0 (RoBERTa has no segment embedding in use).
+
+    pair: a_tokens [A] int32, b_tokens [B] int32 (A + B <= max_seq_length - num_pair_specials),
     is_random_next [] bool. Returns input_ids, input_mask, segment_ids, positions
-    (all [max_seq_length] int32) and sentence_label [] int32 (1 = NotNext).
+    (all [max_seq_length] int32) and sentence_label [] int32 (1 = NotNext, or swapped for SOP).
     """
     a, b = pair["a_tokens"], pair["b_tokens"]
     cls, sep = tf.constant([cls_id], tf.int32), tf.constant([sep_id], tf.int32)
-    tokens = tf.concat([cls, a, sep, b, sep], axis=0)
+    if pair_format == "bert":
+        tokens = tf.concat([cls, a, sep, b, sep], axis=0)
+        segment = tf.concat([tf.zeros([tf.size(a) + 2], tf.int32), tf.ones([tf.size(b) + 1], tf.int32)], 0)
+    elif pair_format == "roberta":
+        tokens = tf.concat([cls, a, sep, sep, b, sep], axis=0)
+        segment = tf.zeros_like(tokens)
+    else:
+        raise ValueError(f"pair_format must be one of {PAIR_FORMATS}, got {pair_format!r}")
+    result = _pad_row(tokens, segment, max_seq_length, pad_id)
+    result["sentence_label"] = tf.cast(pair["is_random_next"], tf.int32)
+    return result
+
+
+def num_pair_specials(pair_format: str) -> int:
+    """Special tokens in a formatted pair: 3 for BERT, 4 for RoBERTa's `<s> A </s></s> B </s>`."""
+    return {"bert": 3, "roberta": 4}[pair_format]
+
+
+def _pad_row(tokens: tf.Tensor, segment: tf.Tensor, max_seq_length: int, pad_id: int) -> dict[str, tf.Tensor]:
     n = tf.size(tokens)
     pad = max_seq_length - n
-    segment = tf.concat([tf.zeros([tf.size(a) + 2], tf.int32), tf.ones([tf.size(b) + 1], tf.int32)], 0)
     result = {
         "input_ids": tf.pad(tokens, [[0, pad]], constant_values=pad_id),
         "input_mask": tf.pad(tf.ones([n], tf.int32), [[0, pad]]),
         "segment_ids": tf.pad(segment, [[0, pad]]),
         "positions": tf.range(max_seq_length, dtype=tf.int32),
-        "sentence_label": tf.cast(pair["is_random_next"], tf.int32),
     }
     for key in ("input_ids", "input_mask", "segment_ids"):
         result[key] = tf.ensure_shape(result[key], [max_seq_length])
     return result
+
+
+def swap_segments(pair: Features, *, seed: tf.Tensor) -> dict[str, tf.Tensor]:
+    """ALBERT's sentence-order prediction on a chunk with its own B (random_next_prob 0).
+
+    With probability 1/2 A and B swap places; `is_random_next` becomes "swapped", so the
+    label is 1 = swapped, 0 = in order, as `is_random_next` in google-research/albert
+    `create_instances_from_document` (its swap branch sets is_random_next = True). B is
+    never taken from another document: ALBERT pairs a one-sentence chunk with a random
+    document's B; we mark such chunks `valid` False instead (they are dropped).
+
+    pair: a_tokens [A], b_tokens [B] int32, is_random_next [] bool. Returns the pair with
+    a_tokens / b_tokens possibly swapped, is_random_next, and valid [] bool.
+    """
+    swap = _uniform(derive_seed(seed, _SALT_SWAP), [1])[0] < 0.5
+    out = dict(pair)
+    out["a_tokens"] = tf.cond(swap, lambda: pair["b_tokens"], lambda: pair["a_tokens"])
+    out["b_tokens"] = tf.cond(swap, lambda: pair["a_tokens"], lambda: pair["b_tokens"])
+    out["is_random_next"] = swap
+    out["valid"] = tf.size(pair["b_tokens"]) > 0
+    return out
+
+
+def split_sentences(doc: Features) -> dict[str, tf.Tensor]:
+    """A document as S rows of one sentence each, for FULL-/DOC-SENTENCES.
+
+    doc: token_ids [T], sentence_lengths [S] int32, doc_id [] int64, epoch [] int64.
+    Returns tokens [S, None] ragged int32, doc_id [S] int64, sentence_index [S] int32,
+    epoch [S] int64.
+    """
+    lengths = doc["sentence_lengths"]
+    num = tf.shape(lengths)[0]
+    return {
+        "tokens": tf.RaggedTensor.from_row_lengths(doc["token_ids"], lengths),
+        "doc_id": tf.fill([num], doc["doc_id"]),
+        "sentence_index": tf.range(num),
+        "epoch": tf.fill([num], doc["epoch"]),
+    }
+
+
+def fill_initial_state(max_tokens: int) -> dict[str, tf.Tensor]:
+    """The empty state of `fill_step` (a fixed-size buffer, so tf.data's scan keeps one shape)."""
+    return {
+        "tokens": tf.zeros([max_tokens], tf.int32),
+        "length": tf.constant(0),
+        "last_doc": tf.constant(-1, tf.int64),
+        "first_doc": tf.constant(-1, tf.int64),
+        "first_sentence": tf.constant(0),
+        "epoch": tf.constant(0, tf.int64),
+    }
+
+
+def fill_step(
+    state: Features, sentence: Features, *, max_tokens: int, cross_documents: bool, sep_id: int
+) -> tuple[dict[str, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]:
+    """One step of RoBERTa's FULL-/DOC-SENTENCES filling, for `tf.data.Dataset.scan`.
+
+    Contiguous sentences are appended to a buffer of at most `max_tokens`; a sentence
+    that does not fit closes the row (emitted) and starts the next one. cross_documents
+    True (FULL-SENTENCES): a new document continues the row after one extra `sep_id`
+    separator; False (DOC-SENTENCES): a new document always closes the row. A sentence
+    longer than max_tokens is cut to max_tokens (fairseq's blocks would keep it whole
+    and drop it by length; rare with natural sentences).
+
+    state: `fill_initial_state`. sentence: a row of `split_sentences`.
+    Returns (new state, (emit [] bool, row)): row has tokens [N] int32 (N <= max_tokens),
+    doc_id [] int64 and sentence_index [] int32 of its first sentence, epoch [] int64.
+    """
+    sent = sentence["tokens"][:max_tokens]
+    length = state["length"]
+    new_doc = tf.logical_and(length > 0, tf.not_equal(state["last_doc"], sentence["doc_id"]))
+    if cross_documents:
+        piece = tf.concat([tf.fill([tf.cast(new_doc, tf.int32)], sep_id), sent], 0)
+    else:
+        piece = sent
+    close = tf.logical_and(length > 0, length + tf.size(piece) > max_tokens)
+    if not cross_documents:
+        close = tf.logical_or(close, new_doc)
+    row = {
+        "tokens": state["tokens"][:length],
+        "doc_id": state["first_doc"],
+        "sentence_index": state["first_sentence"],
+        "epoch": state["epoch"],
+    }
+    keep = tf.where(close, 0, length)
+    appended = tf.cond(close, lambda: sent, lambda: piece)  # a new row never starts with a separator
+    buffer = tf.concat([state["tokens"][:keep], appended, tf.zeros([max_tokens], tf.int32)], 0)[:max_tokens]
+    starts_row = tf.logical_or(close, length == 0)
+    new_state = {
+        "tokens": tf.ensure_shape(buffer, [max_tokens]),
+        "length": keep + tf.size(appended),
+        "last_doc": sentence["doc_id"],
+        "first_doc": tf.where(starts_row, sentence["doc_id"], state["first_doc"]),
+        "first_sentence": tf.where(starts_row, sentence["sentence_index"], state["first_sentence"]),
+        "epoch": tf.where(starts_row, sentence["epoch"], state["epoch"]),
+    }
+    return new_state, (close, row)
+
+
+def format_single(
+    row: Features, *, max_seq_length: int, cls_id: int, sep_id: int, pad_id: int
+) -> dict[str, tf.Tensor]:
+    """`[CLS] X [SEP]` (RoBERTa: `<s> X </s>`) padded to max_seq_length, segment_ids all 0.
+
+    row: tokens [N] int32, N <= max_seq_length - 2. Returns input_ids, input_mask,
+    segment_ids, positions, all [max_seq_length] int32.
+    """
+    tokens = tf.concat([[cls_id], row["tokens"], [sep_id]], axis=0)
+    return _pad_row(tokens, tf.zeros_like(tokens), max_seq_length, pad_id)
+
+
+def pack_initial_state(max_seq_length: int) -> dict[str, tf.Tensor]:
+    """The empty state of `pack_step`."""
+    zeros = tf.zeros([max_seq_length], tf.int32)
+    return {
+        "input_ids": zeros,
+        "example_ids": zeros,
+        "positions": zeros,
+        "length": tf.constant(0),
+        "count": tf.constant(0),
+        "first_doc": tf.constant(-1, tf.int64),
+        "first_sentence": tf.constant(0),
+        "epoch": tf.constant(0, tf.int64),
+    }
+
+
+def pack_step(
+    state: Features, example: Features, *, max_seq_length: int, pad_id: int
+) -> tuple[dict[str, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]:
+    """One step of packing DOC-SENTENCES examples into full rows, for `tf.data.Dataset.scan`.
+
+    RoBERTa keeps tokens per batch constant by growing the batch when DOC-SENTENCES rows
+    are short; with fixed batch shapes we instead pack consecutive examples greedily
+    into one row while they fit. `example_ids` (1..k, 0 = padding) lets the encoder keep
+    attention within an example, and `positions` restart at 0 for each example.
+
+    state: `pack_initial_state`. example: `format_single` output plus doc_id,
+    sentence_index, epoch. Returns (new state, (emit [] bool, row)): row has input_ids,
+    input_mask, segment_ids, positions, example_ids [max_seq_length] int32 and doc_id,
+    sentence_index, epoch of its first example.
+    """
+    n = tf.reduce_sum(example["input_mask"])
+    length = state["length"]
+    close = tf.logical_and(length > 0, length + n > max_seq_length)
+    valid = tf.range(max_seq_length) < length
+    row = {
+        "input_ids": tf.where(valid, state["input_ids"], pad_id),
+        "input_mask": tf.cast(valid, tf.int32),
+        "segment_ids": tf.zeros([max_seq_length], tf.int32),
+        "positions": state["positions"],
+        "example_ids": state["example_ids"],
+        "doc_id": state["first_doc"],
+        "sentence_index": state["first_sentence"],
+        "epoch": state["epoch"],
+    }
+    start = tf.where(close, 0, length)
+    count = tf.where(close, 1, state["count"] + 1)
+    index = tf.range(max_seq_length)
+    inside = (index >= start) & (index < start + n)
+    shifted = tf.roll(example["input_ids"], start, axis=0)  # n <= max_seq_length - start
+    keep_old = index < start
+    new_state = {
+        "input_ids": tf.where(inside, shifted, tf.where(keep_old, state["input_ids"], 0)),
+        "example_ids": tf.where(inside, count, tf.where(keep_old, state["example_ids"], 0)),
+        "positions": tf.where(inside, index - start, tf.where(keep_old, state["positions"], 0)),
+        "length": start + n,
+        "count": count,
+        "first_doc": tf.where(start == 0, example["doc_id"], state["first_doc"]),
+        "first_sentence": tf.where(start == 0, example["sentence_index"], state["first_sentence"]),
+        "epoch": tf.where(start == 0, example["epoch"], state["epoch"]),
+    }
+    return new_state, (close, row)

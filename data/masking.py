@@ -5,7 +5,13 @@ For one formatted row (input_ids [L], input_mask [L]):
 - candidates: every real token except [CLS] and [SEP] (and never padding);
 - number to predict: min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))
   where n counts the real tokens *including* [CLS]/[SEP], exactly as the original;
-- a uniformly random subset of that size of the candidates is chosen;
+- which candidates: `masking_unit="token"`: a uniformly random subset of that size
+  (BERT's default); `"whole_word"`: BERT's whole-word masking, whole words in random
+  order, a word skipped if it would overshoot the count (so the count is never
+  exceeded and a word is never split); `"ngram"`: ALBERT's n-gram masking,
+  google-research/albert `create_masked_lm_predictions`: in random order of start word,
+  n ~ p(n) proportional to 1/n over n <= 3 consecutive candidate words, shortened while it
+  overshoots the count, skipped if it still overshoots or overlaps an earlier n-gram;
 - of the chosen: 80% become [MASK], 10% a random id in [0, vocab_size), 10% unchanged
   (the original's two coin flips: p(mask)=0.8, then 0.5/0.5 keep vs random);
 - outputs are sorted by position and padded to max_predictions_per_seq.
@@ -20,7 +26,11 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import numpy as np
 import tensorflow as tf
+
+MASKING_UNITS = ("token", "whole_word", "ngram")
+MAX_NGRAM = 3  # ALBERT's --ngram default
 
 
 def mask_tokens(
@@ -32,6 +42,8 @@ def mask_tokens(
     never_mask_ids: Sequence[int],
     masked_lm_prob: float,
     max_predictions_per_seq: int,
+    masking_unit: str = "token",
+    word_starts: tf.Tensor | None = None,
 ) -> dict[str, tf.Tensor]:
     """Applies BERT MLM masking to one row.
 
@@ -44,6 +56,10 @@ def mask_tokens(
         through input_mask).
       masked_lm_prob: fraction of tokens to predict (0.15).
       max_predictions_per_seq: P, the cap and the padded length of the outputs.
+      masking_unit: "token", "whole_word" or "ngram" (module docstring).
+      word_starts: [vocab_size] bool, True for ids that begin a word (the tokenizer's
+        `word_start_mask()`); required for "whole_word" and "ngram". A candidate that
+        follows a non-candidate ([CLS], [SEP]) always begins a word.
 
     Returns:
       The row with input_ids replaced, plus masked_lm_positions [P] int32,
@@ -64,15 +80,34 @@ def mask_tokens(
     num_to_predict = tf.minimum(num_to_predict, tf.reduce_sum(tf.cast(candidate, tf.int32)))
 
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
-    scores = tf.random.stateless_uniform([length], seed=seeds[0])
-    scores = tf.where(candidate, scores, -1.0)  # uniform scores are >= 0: candidates first
     k = min(max_predictions_per_seq, length)
-    _, top = tf.math.top_k(scores, k=k)
-    is_prediction = tf.range(k) < num_to_predict
-    # Sort the chosen positions ascending; unused slots sort to the end.
-    key = tf.where(is_prediction, top, length + tf.range(k))
+    if masking_unit == "token":
+        scores = tf.random.stateless_uniform([length], seed=seeds[0])
+        scores = tf.where(candidate, scores, -1.0)  # uniform scores are >= 0: candidates first
+        _, top = tf.math.top_k(scores, k=k)
+        is_prediction = tf.range(k) < num_to_predict
+        # Sort the chosen positions ascending; unused slots sort to the end.
+        key = tf.where(is_prediction, top, length + tf.range(k))
+    elif masking_unit in ("whole_word", "ngram"):
+        if word_starts is None:
+            raise ValueError(
+                f"masking_unit={masking_unit!r} needs word_starts (the tokenizer's word_start_mask())"
+            )
+        covered = _choose_words(
+            input_ids,
+            candidate,
+            word_starts,
+            num_to_predict,
+            seeds[0],
+            max_ngram=MAX_NGRAM if masking_unit == "ngram" else 1,
+        )
+        # covered holds at most num_to_predict <= k tokens; the first k sorted keys have them all.
+        key = tf.sort(tf.where(covered, tf.range(length), length + tf.range(length)))[:k]
+        is_prediction = key < length
+    else:
+        raise ValueError(f"masking_unit must be one of {MASKING_UNITS}, got {masking_unit!r}")
     positions = tf.sort(key)
-    positions = tf.where(tf.range(k) < num_to_predict, positions, 0)
+    positions = tf.where(is_prediction, positions, 0)
     original = tf.gather(input_ids, positions)
 
     action = tf.random.stateless_uniform([k], seed=seeds[1])
@@ -90,3 +125,57 @@ def mask_tokens(
     out["masked_lm_ids"] = tf.pad(tf.where(is_prediction, original, 0), [[0, pad]])
     out["masked_lm_weights"] = tf.pad(tf.cast(is_prediction, tf.float32), [[0, pad]])
     return out
+
+
+def _choose_words(
+    input_ids: tf.Tensor,
+    candidate: tf.Tensor,
+    word_starts: tf.Tensor,
+    num_to_predict: tf.Tensor,
+    seed: tf.Tensor,
+    *,
+    max_ngram: int,
+) -> tf.Tensor:
+    """Whole-word (max_ngram=1) or n-gram (max_ngram=3) selection -> covered [L] bool.
+
+    A sequential loop over the words in random order, because each decision depends on
+    how many tokens are already covered (as in the originals); it stops once the count
+    is reached, so it runs about as many iterations as words get masked.
+    """
+    prev_candidate = tf.concat([[False], candidate[:-1]], axis=0)
+    starts = candidate & (tf.gather(tf.cast(word_starts, tf.bool), input_ids) | ~prev_candidate)
+    word_of = tf.cumsum(tf.cast(starts, tf.int32)) - 1  # word index of each candidate token
+    num_words = tf.reduce_sum(tf.cast(starts, tf.int32))
+    segment = tf.where(candidate, word_of, num_words)  # non-candidates into a spare segment
+    word_len = tf.math.unsorted_segment_sum(tf.cast(candidate, tf.int32), segment, num_words + 1)[:num_words]
+    seeds = tf.random.experimental.stateless_split(seed, num=2)
+    order = tf.argsort(tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[0]))
+    n_draws = tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[1])
+    inv = 1.0 / np.arange(1, max_ngram + 1)
+
+    def body(j, covered_words, count):
+        w = order[j]
+        # n ~ 1/n over the n-grams that fit before the last word (ALBERT truncates at the end).
+        n_max = tf.minimum(max_ngram, num_words - w)
+        p = tf.where(tf.range(max_ngram) < n_max, tf.constant(inv, tf.float32), 0.0)
+        cdf = tf.cumsum(p) / tf.reduce_sum(p)
+        n = 1 + tf.reduce_sum(tf.cast(cdf < n_draws[j], tf.int32))
+        n = tf.minimum(n, n_max)
+        span_len = tf.cumsum(tf.gather(word_len, w + tf.range(n_max)))  # tokens of the 1..n_max-gram
+        # Shorten while it overshoots the count; skip if even one word does, or it overlaps.
+        fits = tf.range(n_max) < n
+        fits &= count + span_len <= num_to_predict
+        n_fit = tf.reduce_sum(tf.cast(fits, tf.int32))
+        overlap = tf.reduce_any(tf.gather(covered_words, w + tf.range(n_fit)))
+        take = (n_fit > 0) & ~overlap
+        word = tf.range(num_words)
+        new = take & (word >= w) & (word < w + n_fit)
+        added = tf.where(take, span_len[tf.maximum(n_fit - 1, 0)], 0)
+        return j + 1, covered_words | new, count + added
+
+    _, covered_words, _ = tf.while_loop(
+        lambda j, _, count: (j < num_words) & (count < num_to_predict),
+        body,
+        (tf.constant(0), tf.zeros(tf.reshape(num_words, [1]), tf.bool), tf.constant(0)),
+    )
+    return candidate & tf.gather(tf.concat([covered_words, [False]], 0), segment)

@@ -4,6 +4,11 @@
       --zip two random other documents--> pairs (attach_random_b, truncate_pair, format_pair)
       --mask (masking.mask_tokens)--> shuffle --> batch(drop_remainder) --> prefetch
 
+That is `format="segment_pair"` with NSP (BERT). SOP and "none" drop the random-document
+stream; "sentence_pair" closes chunks at two sentences; "full_sentences" and
+"doc_sentences" go documents -> sentences --scan(fill_step)--> rows [--scan(pack_step)-->
+packed rows] -> mask. The scans' state is saved with the iterator.
+
 Every document carries the number of the epoch it was read in: instance layout and
 static masks use the *copy* `epoch % dupe_factor` (the original wrote `dupe_factor`
 differently-masked copies of the data); dynamic masking uses the epoch itself, so every
@@ -13,32 +18,64 @@ function of (this host's files, config); the iterator is checkpointable with
 
 Batches are dicts of numpy-convertible tensors with the keys of DESIGN.md:
 input_ids, input_mask, segment_ids, positions [B, L] int32; masked_lm_positions,
-masked_lm_ids [B, P] int32; masked_lm_weights [B, P] float32; sentence_label [B] int32.
+masked_lm_ids [B, P] int32; masked_lm_weights [B, P] float32; sentence_label [B] int32
+(absent with sentence_objective "none"); example_ids [B, L] int32 (DOC-SENTENCES only:
+1..k per packed example, 0 = padding; positions restart at 0 in each example).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 
 import gin
 import tensorflow as tf
 
-from data import instances, masking, shards
+from data import instances, masking, shards, tokenizers
 
 _SALT_DOC = 11
 _SALT_MASK = 12
 _SALT_PAIR = 13
 
 
+FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
+SENTENCE_OBJECTIVES = ("nsp", "sop", "none")
+
+# max_predictions_per_seq, when not given, is round(L * masked_lm_prob) rounded up to a
+# multiple of this: 20 for L=128 and 80 for L=512 at 15%, BERT's published values.
+# masking never predicts more than round(n * rate) <= round(L * rate) tokens (whole-word
+# and n-gram masking skip a unit that would overshoot), so the cap never binds; the
+# margin (0..3 slots) only pads.
+_PREDICTIONS_MULTIPLE = 4
+
+
+def derived_max_predictions(max_seq_length: int, masked_lm_prob: float) -> int:
+    """round(L * rate) (Python rounding, as masking) rounded up to a multiple of 4, >= 1."""
+    need = max(1, round(max_seq_length * masked_lm_prob))
+    return -(-need // _PREDICTIONS_MULTIPLE) * _PREDICTIONS_MULTIPLE
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    """What instances and masks look like; the recipe part of the data (gin: PipelineConfig)."""
+    """What instances and masks look like; the recipe part of the data (gin: PipelineConfig).
+
+    format: "segment_pair" (BERT; RoBERTa's SEGMENT-PAIR), "sentence_pair" (RoBERTa's
+    SENTENCE-PAIR: one natural sentence each side), "full_sentences" (contiguous
+    sentences filling the row, crossing documents with a separator), "doc_sentences"
+    (the same within one document, short rows packed; batches get `example_ids`).
+    sentence_objective: "nsp" (BERT), "sop" (ALBERT, pair formats only) or "none" (no
+    sentence_label in the batch). pair_format: "bert" / "roberta", or None to take it
+    from the shards' manifest (the tokenizer's identity), default "bert".
+    masking_unit: "token", "whole_word" or "ngram" (data/masking.py).
+    max_predictions_per_seq: None derives it from the length and rate
+    (`derived_max_predictions`); after construction it is always an int.
+    """
 
     max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: int | None = None
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
     next_sentence_prob: float = 0.5  # probability of a NotNext pair (BERT: 0.5)
@@ -47,6 +84,10 @@ class PipelineConfig:
     document_shuffle_buffer: int = 1000
     instance_shuffle_buffer: int = 10000
     seed: int = 12345
+    format: str = "segment_pair"
+    sentence_objective: str = "nsp"
+    pair_format: str | None = None
+    masking_unit: str = "token"
 
     def __post_init__(self):
         if self.masking not in ("static", "dynamic"):
@@ -55,17 +96,53 @@ class PipelineConfig:
             raise ValueError(f"PipelineConfig.max_seq_length={self.max_seq_length} is too short (>= 8)")
         if self.dupe_factor < 1:
             raise ValueError(f"PipelineConfig.dupe_factor must be >= 1, got {self.dupe_factor}")
+        if self.format not in FORMATS:
+            raise ValueError(f"PipelineConfig.format must be one of {FORMATS}, got {self.format!r}")
+        if self.sentence_objective not in SENTENCE_OBJECTIVES:
+            raise ValueError(
+                f"PipelineConfig.sentence_objective must be one of {SENTENCE_OBJECTIVES}, "
+                f"got {self.sentence_objective!r}"
+            )
+        if self.format in ("full_sentences", "doc_sentences") and self.sentence_objective != "none":
+            raise ValueError(
+                f"PipelineConfig.format={self.format!r} has no sentence pair: set "
+                "PipelineConfig.sentence_objective = 'none' (and run.sentence_objective = False)"
+            )
+        if self.pair_format not in (None, *instances.PAIR_FORMATS):
+            raise ValueError(
+                f"PipelineConfig.pair_format must be None or one of {instances.PAIR_FORMATS}, "
+                f"got {self.pair_format!r}"
+            )
+        if self.masking_unit not in masking.MASKING_UNITS:
+            raise ValueError(
+                f"PipelineConfig.masking_unit must be one of {masking.MASKING_UNITS}, "
+                f"got {self.masking_unit!r}"
+            )
+        if self.max_predictions_per_seq is None:
+            derived = derived_max_predictions(self.max_seq_length, self.masked_lm_prob)
+            object.__setattr__(self, "max_predictions_per_seq", derived)
+        elif self.max_predictions_per_seq < 1:
+            raise ValueError(
+                "PipelineConfig.max_predictions_per_seq must be >= 1 or None, "
+                f"got {self.max_predictions_per_seq}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
 class Vocab:
-    """The token ids the pipeline needs, read from the shards' manifest."""
+    """The token ids the pipeline needs, read from the shards' manifest.
+
+    pair_format: "bert" or "roberta" when the manifest names it (a top-level
+    `pair_format`, or one in the tokenizer's identity), else None
+    (PipelineConfig.pair_format or "bert" decides).
+    """
 
     size: int
     pad_id: int
     cls_id: int
     sep_id: int
     mask_id: int
+    pair_format: str | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "Vocab":
@@ -76,7 +153,18 @@ class Vocab:
             cls_id=ids["cls"],
             sep_id=ids["sep"],
             mask_id=ids["mask"],
+            pair_format=manifest.get("pair_format") or manifest.get("tokenizer", {}).get("pair_format"),
         )
+
+
+def resolve_pair_format(config: PipelineConfig, vocab: Vocab) -> str:
+    """The pair layout: the config's if set, else the tokenizer's, else BERT's."""
+    if config.pair_format and vocab.pair_format and config.pair_format != vocab.pair_format:
+        raise ValueError(
+            f"PipelineConfig.pair_format={config.pair_format!r} but the shards' tokenizer uses "
+            f"{vocab.pair_format!r}: unset PipelineConfig.pair_format or preprocess with a matching tokenizer"
+        )
+    return config.pair_format or vocab.pair_format or "bert"
 
 
 def host_files(data_dir: str, split: str, process_index: int, process_count: int) -> tuple[list[str], bool]:
@@ -178,62 +266,39 @@ def instance_stream(
     shard_documents: bool = False,
     process_index: int = 0,
     process_count: int = 1,
+    word_starts=None,
 ) -> tf.data.Dataset:
-    """Endless stream of masked rows (unbatched) from these files; see the module docstring."""
-    docs = _documents(
+    """Endless stream of masked rows (unbatched) from these files; see the module docstring.
+
+    word_starts: [vocab_size] bool (the tokenizer's `word_start_mask()`), needed for
+    masking_unit "whole_word" / "ngram".
+    """
+    if config.masking_unit != "token" and word_starts is None:
+        raise ValueError(f"masking_unit={config.masking_unit!r} needs word_starts [vocab_size] bool")
+    document_stream = functools.partial(
+        _documents,
         files,
+        first_epoch=first_epoch,
+        shard_documents=shard_documents,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    docs = document_stream(
         seed=config.seed,
         shuffle_buffer=config.document_shuffle_buffer if shuffle else 1,
         shuffle_files=shuffle,
-        first_epoch=first_epoch,
-        shard_documents=shard_documents,
-        process_index=process_index,
-        process_count=process_count,
     )
-    # B of NotNext pairs comes from a second, differently shuffled stream of documents.
-    random_docs = _documents(
-        files,
-        seed=config.seed + 1,
-        shuffle_buffer=max(config.document_shuffle_buffer, 2),
-        shuffle_files=True,
-        first_epoch=first_epoch,
-        shard_documents=shard_documents,
-        process_index=process_index,
-        process_count=process_count,
-    )
-    random_docs = random_docs.map(lambda d: {k: d[k] for k in ("token_ids", "sentence_lengths", "doc_id")})
     base = tf.constant([config.seed, 0], tf.int64)
+    pair_format = resolve_pair_format(config, vocab)
+    word_table = None if word_starts is None else tf.constant(word_starts, tf.bool)
 
     def copy_of(epoch):
         return epoch % config.dupe_factor
 
-    def chunks(doc):
-        seed = instances.derive_seed(base, _SALT_DOC, copy_of(doc["epoch"]), doc["doc_id"])
-        rows = instances.chunk_document(
-            doc,
-            seed=seed,
-            max_seq_length=config.max_seq_length,
-            short_seq_prob=config.short_seq_prob,
-            random_next_prob=config.next_sentence_prob,
-        )
-        rows["epoch"] = tf.fill(tf.shape(rows["chunk_index"]), doc["epoch"])
-        return tf.data.Dataset.from_tensor_slices(rows)
-
-    def pair(chunk, candidates):
-        epoch = chunk["epoch"]
-        seed = instances.derive_seed(base, _SALT_PAIR, copy_of(epoch), chunk["doc_id"], chunk["chunk_index"])
-        pair = instances.attach_random_b(chunk, candidates, seed=seed)
-        pair = instances.truncate_pair(pair, seed=seed, max_num_tokens=config.max_seq_length - 3)
-        row = instances.format_pair(
-            pair,
-            max_seq_length=config.max_seq_length,
-            cls_id=vocab.cls_id,
-            sep_id=vocab.sep_id,
-            pad_id=vocab.pad_id,
-        )
+    def mask(row, epoch, doc_id, index):
         mask_epoch = copy_of(epoch) if config.masking == "static" else epoch
-        mask_seed = instances.derive_seed(base, _SALT_MASK, mask_epoch, chunk["doc_id"], chunk["chunk_index"])
-        row = masking.mask_tokens(
+        mask_seed = instances.derive_seed(base, _SALT_MASK, mask_epoch, doc_id, index)
+        return masking.mask_tokens(
             row,
             seed=mask_seed,
             vocab_size=vocab.size,
@@ -241,15 +306,121 @@ def instance_stream(
             never_mask_ids=(vocab.cls_id, vocab.sep_id),
             masked_lm_prob=config.masked_lm_prob,
             max_predictions_per_seq=config.max_predictions_per_seq,
+            masking_unit=config.masking_unit,
+            word_starts=word_table,
         )
-        return row, pair["valid"]
 
-    ds = tf.data.Dataset.zip(docs.flat_map(chunks), random_docs.ragged_batch(2))
-    ds = ds.map(pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.filter(_is_valid).map(_drop_valid)
+    if config.format in ("segment_pair", "sentence_pair"):
+        ds = _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_stream)
+    else:
+        ds = _filled_rows(docs, config, vocab, mask)
     if shuffle and config.instance_shuffle_buffer > 1:
         ds = ds.shuffle(config.instance_shuffle_buffer, seed=config.seed + 2)
     return ds
+
+
+def _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_stream) -> tf.data.Dataset:
+    """SEGMENT-PAIR / SENTENCE-PAIR rows with NSP, SOP or no sentence label."""
+    objective = config.sentence_objective
+    max_num_tokens = config.max_seq_length - instances.num_pair_specials(pair_format)
+
+    def chunks(doc):
+        seed = instances.derive_seed(base, _SALT_DOC, copy_of(doc["epoch"]), doc["doc_id"])
+        rows = instances.chunk_document(
+            doc,
+            seed=seed,
+            # The budget for A + B; chunk_document subtracts BERT's 3 specials itself.
+            max_seq_length=max_num_tokens + 3,
+            short_seq_prob=config.short_seq_prob,
+            random_next_prob=config.next_sentence_prob if objective == "nsp" else 0.0,
+            max_chunk_sentences=2 if config.format == "sentence_pair" else None,
+        )
+        rows["epoch"] = tf.fill(tf.shape(rows["chunk_index"]), doc["epoch"])
+        return tf.data.Dataset.from_tensor_slices(rows)
+
+    def pair(chunk, candidates=None):
+        epoch = chunk["epoch"]
+        seed = instances.derive_seed(base, _SALT_PAIR, copy_of(epoch), chunk["doc_id"], chunk["chunk_index"])
+        if objective == "nsp":
+            pair = instances.attach_random_b(chunk, candidates, seed=seed)
+        elif objective == "sop":
+            pair = instances.swap_segments(chunk, seed=seed)
+        else:  # a one-sentence chunk keeps an empty B: `[CLS] A [SEP] [SEP]`
+            pair = dict(chunk, valid=tf.constant(True))
+        pair = instances.truncate_pair(pair, seed=seed, max_num_tokens=max_num_tokens)
+        row = instances.format_pair(
+            pair,
+            max_seq_length=config.max_seq_length,
+            cls_id=vocab.cls_id,
+            sep_id=vocab.sep_id,
+            pad_id=vocab.pad_id,
+            pair_format=pair_format,
+        )
+        if objective == "none":
+            del row["sentence_label"]
+        return mask(row, epoch, chunk["doc_id"], chunk["chunk_index"]), pair["valid"]
+
+    ds = docs.flat_map(chunks)
+    if objective == "nsp":
+        # B of NotNext pairs comes from a second, differently shuffled stream of documents.
+        random_docs = document_stream(
+            seed=config.seed + 1, shuffle_buffer=max(config.document_shuffle_buffer, 2), shuffle_files=True
+        )
+        random_docs = random_docs.map(
+            lambda d: {k: d[k] for k in ("token_ids", "sentence_lengths", "doc_id")}
+        )
+        ds = tf.data.Dataset.zip(ds, random_docs.ragged_batch(2))
+    ds = ds.map(pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.filter(_is_valid).map(_drop_valid)
+
+
+def _filled_rows(docs, config, vocab, mask) -> tf.data.Dataset:
+    """FULL-SENTENCES / DOC-SENTENCES rows (no sentence label); DOC-SENTENCES packed."""
+    length = config.max_seq_length
+    cross = config.format == "full_sentences"
+    ds = docs.flat_map(lambda doc: tf.data.Dataset.from_tensor_slices(instances.split_sentences(doc)))
+    fill = functools.partial(
+        instances.fill_step, max_tokens=length - 2, cross_documents=cross, sep_id=vocab.sep_id
+    )
+    ds = ds.scan(instances.fill_initial_state(length - 2), fill).filter(_was_emitted).map(_emitted)
+
+    def single(row):
+        out = instances.format_single(
+            row, max_seq_length=length, cls_id=vocab.cls_id, sep_id=vocab.sep_id, pad_id=vocab.pad_id
+        )
+        return dict(out, doc_id=row["doc_id"], sentence_index=row["sentence_index"], epoch=row["epoch"])
+
+    ds = ds.map(single, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not cross:
+        pack = functools.partial(instances.pack_step, max_seq_length=length, pad_id=vocab.pad_id)
+        ds = ds.scan(instances.pack_initial_state(length), pack).filter(_was_emitted).map(_emitted)
+
+    def finish(row):
+        key = (row.pop("epoch"), row.pop("doc_id"), row.pop("sentence_index"))
+        return mask(row, *key)
+
+    return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _was_emitted(emit, row):
+    del row
+    return emit
+
+
+def _emitted(emit, row):
+    del emit
+    return row
+
+
+def load_word_starts(data_dir: str):
+    """[vocab_size] bool word-start table of the shards' tokenizer (DATA_DIR/tokenizer)."""
+    tokenizer = tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
+    if not hasattr(tokenizer, "word_start_mask"):
+        raise ValueError(
+            f"the tokenizer in {data_dir}/{shards.TOKENIZER_DIR} has no word_start_mask(): "
+            "use PipelineConfig.masking_unit = 'token' or a tokenizer backend that marks word starts"
+        )
+    return tokenizer.word_start_mask()
 
 
 def make_dataset(
@@ -276,6 +447,7 @@ def make_dataset(
     """
     manifest = shards.load_manifest(data_dir)
     vocab = Vocab.from_manifest(manifest)
+    word_starts = None if config.masking_unit == "token" else load_word_starts(data_dir)
     files, shard_documents = host_files(data_dir, split, process_index, process_count)
     options = tf.data.Options()
     options.deterministic = True
@@ -288,5 +460,6 @@ def make_dataset(
         shard_documents=shard_documents,
         process_index=process_index,
         process_count=process_count,
+        word_starts=word_starts,
     )
     return ds.batch(batch_size, drop_remainder=True).prefetch(2).with_options(options)

@@ -1,4 +1,12 @@
-"""One `Tokenizer` protocol; the WordPiece backend of BERT, built on the `tokenizers` library.
+"""One `Tokenizer` protocol and three backends: BERT's WordPiece and RoBERTa's byte-level BPE
+(both on the `tokenizers` library), and ALBERT's SentencePiece unigram (`sentencepiece`).
+
+Every backend gives the protocol's special ids, a `pair_format` ("bert": `[CLS] A [SEP] B
+[SEP]`; "roberta": `<s> A </s></s> B </s>`) and `word_start_mask()` for whole-word and n-gram
+masking. `identity()["kind"]` is "wordpiece", "bpe" or "sentencepiece".
+
+WordPiece
+---------
 
 `WordPieceTokenizer` reproduces google-research/bert `tokenization.FullTokenizer`
 (BasicTokenizer + WordpieceTokenizer): clean control characters, space out CJK
@@ -7,28 +15,39 @@ punctuation, then greedy longest-match-first wordpieces with "##" continuations,
 "[UNK]" for a word with no segmentation or longer than 100 characters. Special tokens
 written in the text (e.g. "[MASK]") are *not* recognised, exactly as in the original.
 
-A tokenizer lives in a directory (`save` / `load_tokenizer`):
+Byte-level BPE (`ByteLevelBPETokenizer`): GPT-2's byte-level BPE as RoBERTa uses it; see
+the class. SentencePiece (`SentencePieceTokenizer`): ALBERT's normalisation (`albert_preprocess`)
+and piece fix-ups over an spm model; see the class.
 
-    vocab.txt              one token per line; line i (from 0) is id i
-    tokenizer_config.json  {"kind": "wordpiece", "lowercase": bool, "strip_accents": bool}
+A tokenizer lives in a directory (`save` / `load_tokenizer`, which detects the kind):
 
-Published BERT vocabs load directly (`load_tokenizer("uncased_L-12_H-768_A-12/vocab.txt")`);
-their casing is inferred from the vocab. Train a new vocab with
+    tokenizer_config.json  {"kind": "wordpiece" | "bpe" | "sentencepiece", ...}
+    vocab.txt              wordpiece: one token per line; line i (from 0) is id i
+    vocab.json merges.txt  bpe: token -> id, and the merges in rank order (GPT-2's format)
+    spiece.model           sentencepiece: the serialized spm model
 
-    python -m data.tokenizers train --corpus=SPEC --vocab_size=30522 --output=DIR [--cased]
+Published vocabs load directly: BERT's vocab.txt (casing inferred), RoBERTa's directory with
+vocab.json + merges.txt, ALBERT's spiece.model / 30k-clean.model. Train a new vocab with
+
+    python -m data.tokenizers train --corpus=SPEC --output=DIR [--kind=wordpiece|bpe|sentencepiece]
+        [--vocab_size=N (default 30522 / 50265 / 30000)] [--cased]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import re
 import sys
 import typing
+import unicodedata
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
+import sentencepiece as spm
 import tensorflow as tf
 import tokenizers as hf_tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
@@ -87,6 +106,15 @@ class Tokenizer(typing.Protocol):
 
     def token_to_id(self, token: str) -> int | None: ...
 
+    @property
+    def pair_format(self) -> str:
+        """ "bert": `[CLS] A [SEP] B [SEP]`; "roberta": `<s> A </s></s> B </s>`."""
+
+    def word_start_mask(self) -> np.ndarray:
+        """bool [vocab_size]: True where token id i begins a new word (special tokens included).
+        A word is a start token and the non-start tokens that follow it; each backend's rule
+        is in its docstring."""
+
     def identity(self) -> dict:
         """JSON-able description that changes whenever the ids of any text would change."""
 
@@ -95,7 +123,10 @@ class Tokenizer(typing.Protocol):
 
 
 class WordPieceTokenizer:
-    """BERT's WordPiece tokenizer (see the module docstring). Implements `Tokenizer`."""
+    """BERT's WordPiece tokenizer (see the module docstring). Implements `Tokenizer` with
+    `pair_format` "bert"."""
+
+    pair_format = "bert"
 
     def __init__(
         self,
@@ -222,6 +253,11 @@ class WordPieceTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._vocab.get(token)
 
+    def word_start_mask(self) -> np.ndarray:
+        """bool [vocab_size]: True for every token not starting with "##" (BERT's whole-word
+        masking rule in create_pretraining_data.py), so specials and punctuation start words."""
+        return np.array([not t.startswith("##") for t in self._tokens], dtype=bool)
+
     def _vocab_text(self) -> str:
         return "".join(token + "\n" for token in self._tokens)
 
@@ -285,22 +321,7 @@ def train_wordpiece(
         raise TokenizerError(
             f"vocab_size {vocab_size} is too small: it must exceed the {len(SPECIAL_TOKENS)} special tokens"
         )
-    sentences = 0
-
-    def batches() -> Iterator[list[str]]:
-        # Batches, not single sentences: the library tokenizes a batch in parallel.
-        nonlocal sentences
-        batch = []
-        for document in documents:
-            batch.extend(document)
-            if len(batch) >= 1000:
-                sentences += len(batch)
-                yield batch
-                batch = []
-        if batch:
-            sentences += len(batch)
-            yield batch
-
+    counter = _SentenceCounter(documents)
     tokenizer = _bert_pipeline({}, lowercase, lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
@@ -310,8 +331,8 @@ def train_wordpiece(
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tokenizer.train_from_iterator(batches(), trainer=trainer)
-    if not sentences:
+    tokenizer.train_from_iterator(counter.batches(), trainer=trainer)
+    if not counter.sentences:
         raise TokenizerError("no sentences to train the vocab on: the corpus is empty")
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.__getitem__)
@@ -320,41 +341,536 @@ def train_wordpiece(
     return WordPieceTokenizer(tokens, lowercase=lowercase, source="the trained vocab")
 
 
-def load_tokenizer(path: str) -> Tokenizer:
-    """Loads a tokenizer directory (tokenizer_config.json + vocab.txt), a directory with only a
-    vocab.txt, or a bare vocab file (casing inferred from the vocab).
+# ---------------------------------------------------------------- byte-level BPE (RoBERTa)
+
+BPE_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+BPE_VOCAB_FILE = "vocab.json"
+BPE_MERGES_FILE = "merges.txt"
+_GPT2_WORD_START = "\u0120"  # "Ġ": the byte-level alphabet's stand-in for a leading space
+
+
+class ByteLevelBPETokenizer:
+    """GPT-2 / RoBERTa byte-level BPE. Implements `Tokenizer` with `pair_format` "roberta".
+
+    Text is split with GPT-2's regex (a word keeps its leading space, which the byte-level
+    alphabet writes "Ġ"), mapped byte by byte onto 256 printable characters, and merged by
+    rank as in `merges.txt`. Every byte is in the vocab, so no text is `<unk>`. Special tokens
+    written in the text (e.g. "<mask>") are *not* recognised, as in fairseq's preprocessing
+    (HF's RobertaTokenizer matches "<mask>" with lstrip; nothing here feeds it such text).
+    Specials: cls=`<s>`, sep=`</s>`, pad=`<pad>`, unk=`<unk>`, mask=`<mask>`.
+    """
+
+    pair_format = "roberta"
+
+    def __init__(
+        self, vocab: dict[str, int], merges: Sequence[tuple[str, str]], *, source: str = "the vocab"
+    ):
+        """Args:
+          vocab: token -> id; ids must be exactly 0..len-1. Must hold the 5 special tokens.
+          merges: BPE merges in rank order (first merge applied first).
+          source: names the vocab in error messages.
+
+        Raises:
+          TokenizerError: ids not 0..n-1, a special token missing, or a merge of unknown tokens.
+        """
+        if sorted(vocab.values()) != list(range(len(vocab))):
+            raise TokenizerError(f"{source}: token ids must be exactly 0..{len(vocab) - 1}, each once")
+        for token in BPE_SPECIAL_TOKENS:
+            if token not in vocab:
+                raise TokenizerError(
+                    f"{source}: the vocab has no {token} token: RoBERTa needs "
+                    f"{', '.join(BPE_SPECIAL_TOKENS)} (GPT-2's own vocab.json lacks them; use RoBERTa's)"
+                )
+        self._vocab = dict(vocab)
+        self._tokens = tuple(sorted(vocab, key=vocab.__getitem__))
+        self._merges = tuple((a, b) for a, b in merges)
+        try:
+            model = models.BPE(self._vocab, list(self._merges), fuse_unk=False)
+        except Exception as e:  # the library reports a merge of tokens missing from the vocab
+            raise TokenizerError(f"{source}: the merges do not fit the vocab ({e})") from None
+        self._tokenizer = hf_tokenizers.Tokenizer(model)
+        # use_regex: GPT-2's split pattern; no prefix space, as fairseq/RoBERTa encode text.
+        self._tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        self._tokenizer.decoder = decoders.ByteLevel()
+
+    @classmethod
+    def from_files(cls, vocab_path: str, merges_path: str) -> ByteLevelBPETokenizer:
+        """Loads a published GPT-2/RoBERTa `vocab.json` (token -> id) and `merges.txt`
+        ("#version" header line, then one "A B" merge per line, in rank order).
+
+        Raises:
+          TokenizerError: a file missing, vocab.json not a JSON object of ints, a bad merges line.
+        """
+        if not tf.io.gfile.exists(vocab_path):
+            raise TokenizerError(f"vocab file '{vocab_path}' not found: a BPE tokenizer needs vocab.json")
+        if not tf.io.gfile.exists(merges_path):
+            raise TokenizerError(
+                f"'{merges_path}' not found: a byte-level BPE vocab.json needs its merges.txt beside it"
+            )
+        with tf.io.gfile.GFile(vocab_path, "rb") as f:
+            try:
+                vocab = json.loads(f.read().decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise TokenizerError(
+                    f"{vocab_path}: not valid JSON ({e}): a BPE vocab.json maps each token to its id"
+                ) from None
+        if not isinstance(vocab, dict) or not all(type(i) is int for i in vocab.values()):
+            raise TokenizerError(f"{vocab_path}: not a JSON object of token -> integer id")
+        with tf.io.gfile.GFile(merges_path, "rb") as f:
+            try:
+                lines = f.read().decode("utf-8").split("\n")
+            except UnicodeDecodeError as e:
+                raise TokenizerError(f"{merges_path}: not valid UTF-8 (byte offset {e.start})") from None
+        merges = []
+        for number, line in enumerate(lines, 1):
+            if not line or (number == 1 and line.startswith("#version")):
+                continue
+            parts = line.split(" ")
+            if len(parts) != 2:
+                raise TokenizerError(f"{merges_path}:{number}: expected two tokens 'A B', got {line!r}")
+            merges.append((parts[0], parts[1]))
+        return cls(vocab, merges, source=vocab_path)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def pad_id(self) -> int:
+        return self._vocab["<pad>"]
+
+    @property
+    def unk_id(self) -> int:
+        return self._vocab["<unk>"]
+
+    @property
+    def cls_id(self) -> int:
+        return self._vocab["<s>"]
+
+    @property
+    def sep_id(self) -> int:
+        return self._vocab["</s>"]
+
+    @property
+    def mask_id(self) -> int:
+        return self._vocab["<mask>"]
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [e.ids for e in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The exact bytes the ids stand for (lossless), padding skipped."""
+        pad = self.pad_id
+        return self._tokenizer.decode([int(i) for i in ids if i != pad], skip_special_tokens=False)
+
+    def id_to_token(self, i: int) -> str:
+        if not 0 <= i < len(self._tokens):
+            raise IndexError(f"token id {i} is outside the vocab [0, {len(self._tokens)})")
+        return self._tokens[i]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def word_start_mask(self) -> np.ndarray:
+        """bool [vocab_size]: True for a token starting with "Ġ" (a leading space) and for the 5
+        special tokens, as fairseq's `get_whole_word_mask` (specials, then `is_beginning_of_word`).
+        So the first word of a sentence, which has no leading space, continues the token before."""
+        mask = np.array([t.startswith(_GPT2_WORD_START) for t in self._tokens], dtype=bool)
+        mask[[self._vocab[t] for t in BPE_SPECIAL_TOKENS]] = True
+        return mask
+
+    def _files_text(self) -> tuple[str, str]:
+        vocab = json.dumps({t: i for i, t in enumerate(self._tokens)}, ensure_ascii=False)
+        merges = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self._merges)
+        return vocab, merges
+
+    def identity(self) -> dict:
+        """{"kind": "bpe", "vocab_size", "pair_format": "roberta", "vocab_sha256"}; the hash is
+        of vocab.json and merges.txt exactly as `save` writes them."""
+        vocab, merges = self._files_text()
+        return {
+            "kind": "bpe",
+            "vocab_size": self.vocab_size,
+            "pair_format": self.pair_format,
+            "vocab_sha256": hashlib.sha256((vocab + "\0" + merges).encode("utf-8")).hexdigest(),
+        }
+
+    def save(self, directory: str) -> None:
+        vocab, merges = self._files_text()
+        tf.io.gfile.makedirs(directory)
+        for name, text in ((BPE_VOCAB_FILE, vocab), (BPE_MERGES_FILE, merges)):
+            with tf.io.gfile.GFile(os.path.join(directory, name), "w") as f:
+                f.write(text)
+        with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
+            f.write(json.dumps({"kind": "bpe"}, indent=2) + "\n")
+
+
+def train_bpe(
+    documents: Iterable[Sequence[str]], vocab_size: int, *, min_frequency: int = 2
+) -> ByteLevelBPETokenizer:
+    """Learns a byte-level BPE vocab (GPT-2 style) from documents, streaming.
+
+    Returns:
+      A tokenizer with <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (RoBERTa's published vocab puts
+      <mask> last, at 50264; ids are always looked up), then the 256 byte symbols and merges.
 
     Raises:
-      TokenizerError: nothing loadable at `path`, an unknown kind, or a bad vocab.
+      TokenizerError: vocab_size cannot hold the specials and the 256 byte symbols, or no sentences.
+    """
+    smallest = len(BPE_SPECIAL_TOKENS) + 256
+    if vocab_size <= smallest:
+        raise TokenizerError(
+            f"vocab_size {vocab_size} is too small: byte-level BPE needs more than {smallest} "
+            "(5 specials + 256 bytes)"
+        )
+    counter = _SentenceCounter(documents)
+    tokenizer = hf_tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(BPE_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(counter.batches(), trainer=trainer)
+    if not counter.sentences:
+        raise TokenizerError("no sentences to train the vocab on: the corpus is empty")
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return ByteLevelBPETokenizer(model["vocab"], merges, source="the trained vocab")
+
+
+class _SentenceCounter:
+    """Feeds documents to a trainer as batches of sentences, counting them."""
+
+    def __init__(self, documents: Iterable[Sequence[str]]):
+        self._documents = documents
+        self.sentences = 0
+
+    def batches(self) -> Iterator[list[str]]:
+        # Batches, not single sentences: the library tokenizes a batch in parallel.
+        batch: list[str] = []
+        for document in self._documents:
+            batch.extend(document)
+            if len(batch) >= 1000:
+                self.sentences += len(batch)
+                yield batch
+                batch = []
+        if batch:
+            self.sentences += len(batch)
+            yield batch
+
+
+# ---------------------------------------------------------------- SentencePiece (ALBERT)
+
+SP_MODEL_FILE = "spiece.model"
+SP_PAD, SP_UNK = "<pad>", "<unk>"
+SP_CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
+# ALBERT's spm_train flags for 30k-clean.model (google-research/albert README).
+SP_USER_SYMBOLS = ("(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac")
+_SPIECE_UNDERLINE = "\u2581"
+# A lone piece that ALBERT's `_is_start_piece` (create_pretraining_data.py) counts as a word start.
+_ALBERT_START_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
+
+
+def albert_preprocess(text: str, lowercase: bool) -> str:
+    """ALBERT's `tokenization.preprocess_text`: collapse whitespace, strip accents (NFKD, drop
+    combining marks; always, as the original), lowercase when uncased. Also `` and '' -> ", which
+    google-research/albert's version lacks but XLNet's and HF's `AlbertTokenizer` (the way the
+    published models are mostly used) do; it only changes text that has those quote pairs."""
+    text = " ".join(text.strip().split())
+    text = text.replace("``", '"').replace("''", '"')
+    text = unicodedata.normalize("NFKD", text)
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    return text.lower() if lowercase else text
+
+
+class SentencePieceTokenizer:
+    """ALBERT's SentencePiece tokenizer (google-research/albert `tokenization.FullTokenizer`
+    with an spm model). Implements `Tokenizer` with `pair_format` "bert".
+
+    Text goes through `albert_preprocess`, then the model's pieces, then ALBERT's
+    `encode_pieces` fix-up: a piece ending in digit + "," is re-split so the comma stands alone
+    ("▁1990," -> "▁1990", ","). Specials: cls=[CLS], sep=[SEP], mask=[MASK], pad=<pad>,
+    unk=<unk> (control symbols: never produced from text).
+    """
+
+    pair_format = "bert"
+
+    def __init__(self, model_proto: bytes, *, lowercase: bool = True, source: str = "the model"):
+        """Args:
+          model_proto: a serialized SentencePiece ModelProto (the bytes of a .model file).
+          lowercase: ALBERT's do_lower_case (True for every published ALBERT).
+          source: names the model in error messages.
+
+        Raises:
+          TokenizerError: not a SentencePiece model, or a special token missing.
+        """
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model_proto)
+        except Exception:  # the library raises RuntimeError/OSError with a parser message
+            raise TokenizerError(
+                f"{source}: not a SentencePiece model: pass a .model file written by spm_train "
+                "(e.g. ALBERT's spiece.model)"
+            ) from None
+        self._sp = processor
+        self._proto = bytes(model_proto)
+        self._lowercase = bool(lowercase)
+        self._tokens = tuple(processor.id_to_piece(i) for i in range(processor.get_piece_size()))
+        self._vocab = {t: i for i, t in enumerate(self._tokens)}
+        for token in (SP_PAD, SP_UNK, *SP_CONTROL_SYMBOLS):
+            if token not in self._vocab:
+                raise TokenizerError(
+                    f"{source}: the model has no {token} piece: ALBERT needs "
+                    f"{', '.join((SP_PAD, SP_UNK, *SP_CONTROL_SYMBOLS))}"
+                )
+
+    @classmethod
+    def from_model_file(cls, path: str, lowercase: bool = True) -> SentencePieceTokenizer:
+        """Loads a .model file, e.g. ALBERT's published spiece.model / 30k-clean.model."""
+        if not tf.io.gfile.exists(path):
+            raise TokenizerError(f"SentencePiece model '{path}' not found")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return cls(f.read(), lowercase=lowercase, source=path)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def pad_id(self) -> int:
+        return self._vocab[SP_PAD]
+
+    @property
+    def unk_id(self) -> int:
+        return self._vocab[SP_UNK]
+
+    @property
+    def cls_id(self) -> int:
+        return self._vocab["[CLS]"]
+
+    @property
+    def sep_id(self) -> int:
+        return self._vocab["[SEP]"]
+
+    @property
+    def mask_id(self) -> int:
+        return self._vocab["[MASK]"]
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
+
+    def pieces(self, text: str) -> list[str]:
+        """ALBERT's `encode_pieces(sp_model, preprocess_text(text))`."""
+        out: list[str] = []
+        for piece in self._sp.encode(albert_preprocess(text, self._lowercase), out_type=str):
+            if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+                split = self._sp.encode(piece[:-1].replace(_SPIECE_UNDERLINE, ""), out_type=str)
+                if piece[0] != _SPIECE_UNDERLINE and split and split[0][0] == _SPIECE_UNDERLINE:
+                    split = split[1:] if len(split[0]) == 1 else [split[0][1:], *split[1:]]
+                out.extend([*split, piece[-1]])
+            else:
+                out.append(piece)
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        unk = self.unk_id
+        return [self._vocab.get(p, unk) for p in self.pieces(text)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The normalised text of `ids` ("▁" -> space), padding skipped."""
+        pad = self.pad_id
+        return self._sp.decode([int(i) for i in ids if i != pad])
+
+    def id_to_token(self, i: int) -> str:
+        if not 0 <= i < len(self._tokens):
+            raise IndexError(f"token id {i} is outside the vocab [0, {len(self._tokens)})")
+        return self._tokens[i]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def word_start_mask(self) -> np.ndarray:
+        """bool [vocab_size]: ALBERT's `_is_start_piece` — True for a piece starting with "▁" or
+        "<" (<pad>, <unk>) or a lone ASCII punctuation piece (",", "(", ...), and for
+        [CLS], [SEP], [MASK]."""
+        mask = np.array(
+            [
+                t.startswith((_SPIECE_UNDERLINE, "<"))
+                or t in _ALBERT_START_PUNCTUATION
+                or t in SP_CONTROL_SYMBOLS
+                for t in self._tokens
+            ],
+            dtype=bool,
+        )
+        return mask
+
+    def identity(self) -> dict:
+        """{"kind": "sentencepiece", "vocab_size", "lowercase", "pair_format": "bert", "model_sha256"}."""
+        return {
+            "kind": "sentencepiece",
+            "vocab_size": self.vocab_size,
+            "lowercase": self._lowercase,
+            "pair_format": self.pair_format,
+            "model_sha256": hashlib.sha256(self._proto).hexdigest(),
+        }
+
+    def save(self, directory: str) -> None:
+        tf.io.gfile.makedirs(directory)
+        with tf.io.gfile.GFile(os.path.join(directory, SP_MODEL_FILE), "wb") as f:
+            f.write(self._proto)
+        config = {"kind": "sentencepiece", "lowercase": self._lowercase}
+        with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
+            f.write(json.dumps(config, indent=2) + "\n")
+
+
+def train_sentencepiece(
+    documents: Iterable[Sequence[str]],
+    vocab_size: int = 30000,
+    *,
+    lowercase: bool = True,
+    character_coverage: float = 0.99995,
+) -> SentencePieceTokenizer:
+    """Learns a unigram SentencePiece model with ALBERT's spm_train flags, on text normalised by
+    `albert_preprocess` (so training and encoding see the same text).
+
+    Returns:
+      A tokenizer with <pad>=0 <unk>=1 [CLS]=2 [SEP]=3 [MASK]=4, the user symbols
+      ( ) " - . – £ € next, then the learned pieces.
+
+    Raises:
+      TokenizerError: no sentences, or vocab_size larger than the corpus supports.
+    """
+    sentences = 0
+
+    def normalised() -> Iterator[str]:
+        nonlocal sentences
+        for document in documents:
+            for sentence in document:
+                sentences += 1
+                yield albert_preprocess(sentence, lowercase)
+
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=normalised(),
+            model_writer=model,
+            model_type="unigram",
+            vocab_size=vocab_size,
+            pad_id=0,
+            unk_id=1,
+            bos_id=-1,
+            eos_id=-1,
+            control_symbols=list(SP_CONTROL_SYMBOLS),
+            user_defined_symbols=list(SP_USER_SYMBOLS),
+            character_coverage=character_coverage,
+            shuffle_input_sentence=True,
+            input_sentence_size=10_000_000,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        if not sentences:
+            raise TokenizerError("no sentences to train the vocab on: the corpus is empty") from None
+        raise TokenizerError(f"SentencePiece training failed: {str(e).strip().splitlines()[-1]}") from None
+    return SentencePieceTokenizer(model.getvalue(), lowercase=lowercase, source="the trained model")
+
+
+# ---------------------------------------------------------------- loading
+
+KINDS = ("wordpiece", "bpe", "sentencepiece")
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """Loads a tokenizer from a directory or a file, detecting its kind.
+
+    A directory whose tokenizer_config.json names a "kind" loads that kind. Otherwise: vocab.txt ->
+    WordPiece (casing inferred); vocab.json + merges.txt -> byte-level BPE; spiece.model or a
+    single *.model -> SentencePiece (uncased, as every published ALBERT). A file: *.model ->
+    SentencePiece, vocab.json -> BPE (merges.txt beside it), else a WordPiece vocab.txt.
+
+    Raises:
+      TokenizerError: nothing loadable at `path`, an unknown kind, or bad tokenizer files.
     """
     if tf.io.gfile.isdir(path):
         config_path = os.path.join(path, CONFIG_FILE)
-        vocab_path = os.path.join(path, VOCAB_FILE)
-        if not tf.io.gfile.exists(config_path):
-            if tf.io.gfile.exists(vocab_path):
-                return WordPieceTokenizer.from_vocab_file(vocab_path)
-            raise TokenizerError(
-                f"'{path}' holds no {CONFIG_FILE} or {VOCAB_FILE}: pass a directory "
-                "written by `python -m data.tokenizers train`, or a vocab.txt"
+        if tf.io.gfile.exists(config_path):
+            configured = _load_configured(path, config_path)
+            if configured is not None:
+                return configured
+        names = set(tf.io.gfile.listdir(path))
+        if VOCAB_FILE in names:
+            return WordPieceTokenizer.from_vocab_file(os.path.join(path, VOCAB_FILE))
+        if BPE_VOCAB_FILE in names:
+            return ByteLevelBPETokenizer.from_files(
+                os.path.join(path, BPE_VOCAB_FILE), os.path.join(path, BPE_MERGES_FILE)
             )
-        with tf.io.gfile.GFile(config_path, "r") as f:
-            try:
-                config = json.loads(f.read())
-            except json.JSONDecodeError as e:
-                raise TokenizerError(
-                    f"{config_path}: not valid JSON ({e}): rewrite it or train the tokenizer again"
-                ) from None
-        kind = config.get("kind") if isinstance(config, dict) else None
-        if kind != "wordpiece":
-            raise TokenizerError(
-                f'{config_path}: unknown tokenizer kind {kind!r}: this version reads "wordpiece"'
-            )
-        return WordPieceTokenizer.from_vocab_file(
-            vocab_path, lowercase=config.get("lowercase"), strip_accents=config.get("strip_accents")
+        model_files = sorted(n for n in names if n.endswith(".model"))
+        if SP_MODEL_FILE in names or len(model_files) == 1:
+            name = SP_MODEL_FILE if SP_MODEL_FILE in names else model_files[0]
+            return SentencePieceTokenizer.from_model_file(os.path.join(path, name))
+        raise TokenizerError(
+            f"'{path}' holds no {CONFIG_FILE}, {VOCAB_FILE}, {BPE_VOCAB_FILE} + {BPE_MERGES_FILE} "
+            f"or {SP_MODEL_FILE}: pass a directory written by `python -m data.tokenizers train` "
+            "or a published tokenizer's files"
         )
     if not tf.io.gfile.exists(path):
-        raise TokenizerError(f"no tokenizer at '{path}': pass a tokenizer directory or a vocab.txt")
+        raise TokenizerError(f"no tokenizer at '{path}': pass a tokenizer directory or a vocab file")
+    if path.endswith(".model"):
+        return SentencePieceTokenizer.from_model_file(path)
+    if path.endswith(".json"):
+        return ByteLevelBPETokenizer.from_files(path, os.path.join(os.path.dirname(path), BPE_MERGES_FILE))
     return WordPieceTokenizer.from_vocab_file(path)
+
+
+def _load_configured(path: str, config_path: str) -> Tokenizer | None:
+    """The tokenizer our tokenizer_config.json names; None for a config without "kind" (e.g.
+    HF's own tokenizer_config.json), whose directory is then read by its files."""
+    with tf.io.gfile.GFile(config_path, "r") as f:
+        try:
+            config = json.loads(f.read())
+        except json.JSONDecodeError as e:
+            raise TokenizerError(
+                f"{config_path}: not valid JSON ({e}): rewrite it or train the tokenizer again"
+            ) from None
+    if not isinstance(config, dict) or "kind" not in config:
+        return None
+    kind = config["kind"]
+    if kind == "wordpiece":
+        return WordPieceTokenizer.from_vocab_file(
+            os.path.join(path, VOCAB_FILE),
+            lowercase=config.get("lowercase"),
+            strip_accents=config.get("strip_accents"),
+        )
+    if kind == "bpe":
+        return ByteLevelBPETokenizer.from_files(
+            os.path.join(path, BPE_VOCAB_FILE), os.path.join(path, BPE_MERGES_FILE)
+        )
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer.from_model_file(
+            os.path.join(path, SP_MODEL_FILE), lowercase=config.get("lowercase", True)
+        )
+    raise TokenizerError(
+        f"{config_path}: unknown tokenizer kind {kind!r}: this version reads {', '.join(KINDS)}"
+    )
+
+
+# ---------------------------------------------------------------- CLI
+
+_DEFAULT_VOCAB_SIZE = {"wordpiece": 30522, "bpe": 50265, "sentencepiece": 30000}
 
 
 def _train_main(args: argparse.Namespace) -> None:
@@ -369,35 +885,50 @@ def _train_main(args: argparse.Namespace) -> None:
                 documents += 1
                 yield doc.sentences
 
-    tokenizer = train_wordpiece(
-        training_documents(),
-        args.vocab_size,
-        lowercase=not args.cased,
-        min_frequency=args.min_frequency,
-        limit_alphabet=args.limit_alphabet,
-    )
+    vocab_size = args.vocab_size or _DEFAULT_VOCAB_SIZE[args.kind]
+    if args.kind == "wordpiece":
+        tokenizer = train_wordpiece(
+            training_documents(),
+            vocab_size,
+            lowercase=not args.cased,
+            min_frequency=args.min_frequency,
+            limit_alphabet=args.limit_alphabet,
+        )
+        written, casing = VOCAB_FILE, ", cased" if args.cased else ", uncased"
+    elif args.kind == "bpe":
+        if args.cased:
+            raise TokenizerError("--cased does not apply to --kind=bpe: byte-level BPE always keeps case")
+        tokenizer = train_bpe(training_documents(), vocab_size, min_frequency=args.min_frequency)
+        written, casing = BPE_VOCAB_FILE, ""
+    else:
+        tokenizer = train_sentencepiece(training_documents(), vocab_size, lowercase=not args.cased)
+        written, casing = SP_MODEL_FILE, ", cased" if args.cased else ", uncased"
     tokenizer.save(args.output)
-    casing = "cased" if args.cased else "uncased"
     print(
-        f"wrote {os.path.join(args.output, VOCAB_FILE)}: {tokenizer.vocab_size} tokens "
-        f"(wordpiece, {casing}) from {documents} documents"
+        f"wrote {os.path.join(args.output, written)}: {tokenizer.vocab_size} tokens "
+        f"({args.kind}{casing}) from {documents} documents"
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m data.tokenizers", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="learn a WordPiece vocab from a corpus")
+    train = commands.add_parser("train", help="learn a WordPiece, byte-level BPE or SentencePiece vocab")
     train.add_argument(
         "--corpus",
         required=True,
         help="'demo', 'tfds:NAME[:SPLIT]', or BERT-format text files (comma-separated globs)",
     )
-    train.add_argument("--vocab_size", type=int, required=True, help="e.g. 30522 (BERT uncased)")
-    train.add_argument("--output", required=True, help="directory for vocab.txt and tokenizer_config.json")
-    train.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
-    train.add_argument("--min_frequency", type=int, default=2)
-    train.add_argument("--limit_alphabet", type=int, default=1000)
+    train.add_argument("--kind", choices=KINDS, default="wordpiece", help="BERT, RoBERTa or ALBERT vocab")
+    train.add_argument(
+        "--vocab_size", type=int, default=None, help="default 30522 / 50265 / 30000 by --kind (as published)"
+    )
+    train.add_argument("--output", required=True, help="directory for the vocab and tokenizer_config.json")
+    train.add_argument(
+        "--cased", action="store_true", help="keep case and accents (default: uncased; not for bpe)"
+    )
+    train.add_argument("--min_frequency", type=int, default=2, help="wordpiece and bpe")
+    train.add_argument("--limit_alphabet", type=int, default=1000, help="wordpiece")
     train.add_argument(
         "--eval_fraction",
         type=float,

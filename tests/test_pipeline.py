@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import pipeline, shards
+from data import pipeline, shards, tokenizers
 from tests import synthetic
 
 CONFIG = pipeline.PipelineConfig(
@@ -184,3 +184,61 @@ def test_eval_split_is_fixed_and_separate(data_dir):
 def test_missing_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(shards.ShardsError, match="run `python -m data.preprocess"):
         pipeline.make_dataset(str(tmp_path), "train", CONFIG, 8)
+
+
+def test_max_predictions_is_derived_from_length_and_rate_by_default():
+    assert pipeline.PipelineConfig().max_predictions_per_seq == 20  # BERT's published value for 128
+    assert pipeline.PipelineConfig(max_seq_length=512).max_predictions_per_seq == 80  # and for 512
+    assert (
+        pipeline.PipelineConfig(max_seq_length=512, max_predictions_per_seq=20).max_predictions_per_seq == 20
+    )
+    for length in (8, 48, 100, 128, 333, 512):
+        for rate in (0.1, 0.15, 0.2):
+            derived = pipeline.derived_max_predictions(length, rate)
+            assert round(length * rate) <= derived < round(length * rate) + 4
+
+
+@pytest.mark.parametrize("unit", ["token", "whole_word", "ngram"])
+def test_derived_cap_never_binds(unit, data_dir):
+    # Full rows without short sequences: the masking count reaches round(L * rate); the
+    # derived cap must hold all of it (token masking predicts exactly round(n * rate)).
+    config = pipeline.PipelineConfig(
+        **{**CONFIG.__dict__, "max_predictions_per_seq": None, "short_seq_prob": 0.0, "masking_unit": unit}
+    )
+    files, _ = pipeline.host_files(data_dir, "train", 0, 1)
+    vocab = pipeline.Vocab.from_manifest(shards.load_manifest(data_dir))
+    starts = np.ones(synthetic.VOCAB_SIZE, bool)
+    rows = pipeline.instance_stream(files, config, vocab, word_starts=None if unit == "token" else starts)
+    for row in rows.take(40).as_numpy_iterator():
+        real = int(row["input_mask"].sum())
+        count = int(row["masked_lm_weights"].sum())
+        assert count <= round(real * config.masked_lm_prob) < config.max_predictions_per_seq + 1
+        if unit == "token":
+            assert count == round(real * config.masked_lm_prob)
+
+
+def test_whole_word_masking_needs_a_word_start_table(data_dir):
+    config = pipeline.PipelineConfig(**{**CONFIG.__dict__, "masking_unit": "whole_word"})
+    files, _ = pipeline.host_files(data_dir, "train", 0, 1)
+    vocab = pipeline.Vocab.from_manifest(shards.load_manifest(data_dir))
+    with pytest.raises(ValueError, match="word_starts"):
+        pipeline.instance_stream(files, config, vocab)
+
+
+def test_dynamic_masks_differ_between_passes_and_are_reproducible(data_dir):
+    config = pipeline.PipelineConfig(**{**CONFIG.__dict__, "masking": "dynamic"})
+    first = _is_next_rows(config, 3, data_dir)
+    again = _is_next_rows(config, 3, data_dir)  # a fresh pipeline, same seed and epoch
+    other_pass = _is_next_rows(config, 4, data_dir)
+    for (ids_a, pos_a), (ids_b, pos_b) in zip(first, again):
+        np.testing.assert_array_equal(pos_a, pos_b)
+        np.testing.assert_array_equal(ids_a, ids_b)
+    assert np.mean([np.array_equal(x[1], y[1]) for x, y in zip(first, other_pass)]) < 0.3
+
+
+def test_word_starts_come_from_the_shards_tokenizer(tmp_path):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "play", "##ing", "world"]
+    tokenizers.WordPieceTokenizer(tokens, lowercase=True).save(str(tmp_path / shards.TOKENIZER_DIR))
+    starts = pipeline.load_word_starts(str(tmp_path))
+    assert starts.dtype == bool and starts.shape == (len(tokens),)
+    assert starts[tokens.index("play")] and not starts[tokens.index("##ing")]

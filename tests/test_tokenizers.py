@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from data import corpora, tokenizers
@@ -170,8 +171,8 @@ def test_save_and_load(trained, tmp_path):
     assert identity["kind"] == "wordpiece" and identity["vocab_size"] == trained.vocab_size
     assert len(identity["vocab_sha256"]) == 64
 
-    (tmp_path / "tok" / "tokenizer_config.json").write_text('{"kind": "sentencepiece"}')
-    with pytest.raises(TokenizerError, match="unknown tokenizer kind 'sentencepiece'"):
+    (tmp_path / "tok" / "tokenizer_config.json").write_text('{"kind": "morse"}')
+    with pytest.raises(TokenizerError, match="unknown tokenizer kind 'morse'"):
         tokenizers.load_tokenizer(str(tmp_path / "tok"))
 
 
@@ -225,3 +226,274 @@ def test_cli_user_error(tmp_path):
         f"error: no files match '{tmp_path}/missing*.txt': check the path or glob"
     ]
     assert not (tmp_path / "tok").exists()
+
+
+def test_wordpiece_word_start_mask(uncased):
+    starts = uncased.word_start_mask()
+    assert starts.dtype == bool and starts.shape == (uncased.vocab_size,)
+    for token, expected in [("un", True), ("##aff", False), ("##able", False), (",", True), ("[CLS]", True)]:
+        assert starts[uncased.token_to_id(token)] == expected, token
+    assert uncased.pair_format == "bert"
+
+
+# ---------------------------------------------------------------- byte-level BPE
+
+
+def _bytes_to_unicode():
+    """GPT-2's encoder.py byte -> printable character table, written out independently."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    )
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _gpt2_reference_encode(text, vocab, merges):
+    """GPT-2's encoder.py `Encoder.encode`: regex split, byte map, lowest-rank merge first."""
+    import regex
+
+    byte_chars = _bytes_to_unicode()
+    ranks = {pair: r for r, pair in enumerate(merges)}
+    ids = []
+    for word in regex.findall(_GPT2_SPLIT, text):
+        parts = [byte_chars[b] for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            pairs = [(parts[i], parts[i + 1]) for i in range(len(parts) - 1)]
+            best = min(pairs, key=lambda p: ranks.get(p, float("inf")))
+            if best not in ranks:
+                break
+            merged, i = [], 0
+            while i < len(parts):
+                if i < len(parts) - 1 and (parts[i], parts[i + 1]) == best:
+                    merged.append(parts[i] + parts[i + 1])
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        ids.extend(vocab[p] for p in parts)
+    return ids
+
+
+def _write_bpe_files(directory, vocab, merges):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+
+
+# RoBERTa's layout in miniature: <s> <pad> </s> <unk> first, <mask> last.
+_TINY_VOCAB = {
+    "<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3,
+    "h": 4, "e": 5, "l": 6, "o": 7, "\u0120": 8, ",": 9,
+    "ll": 10, "he": 11, "hell": 12, "\u0120he": 13, "<mask>": 14,
+}  # fmt: skip
+# Rank order matters: in " hello", "he ll" (rank 2) must win over "Ġ he" (rank 3).
+_TINY_MERGES = [("l", "l"), ("h", "e"), ("he", "ll"), ("\u0120", "he")]
+
+
+def test_published_format_bpe_encodes_known_ids(tmp_path):
+    _write_bpe_files(tmp_path / "roberta", _TINY_VOCAB, _TINY_MERGES)
+    tok = tokenizers.load_tokenizer(str(tmp_path / "roberta"))  # kind detected from the files
+    assert tok.identity()["kind"] == "bpe" and tok.pair_format == "roberta"
+    assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 14)
+    assert tok.special_ids == {0, 1, 2, 14}
+    # By hand: "hello" -> h e ll o -> he ll o -> hell o; " he" -> Ġ he -> Ġhe; "," alone.
+    text = "hello, hello he"
+    assert tok.encode(text) == [12, 7, 9, 8, 12, 7, 13]
+    assert tok.encode(text) == _gpt2_reference_encode(text, _TINY_VOCAB, _TINY_MERGES)
+    assert tok.decode([1, *tok.encode(text), 1]) == text
+    starts = tok.word_start_mask()
+    assert [tok.id_to_token(i) for i in np.flatnonzero(starts)] == [
+        "<s>",
+        "<pad>",
+        "</s>",
+        "<unk>",
+        "\u0120",
+        "\u0120he",
+        "<mask>",
+    ]
+    # HF's own tokenizer_config.json (no "kind") does not hide the files.
+    (tmp_path / "roberta" / "tokenizer_config.json").write_text('{"model_max_length": 512}')
+    assert tokenizers.load_tokenizer(str(tmp_path / "roberta")).identity() == tok.identity()
+    # A bare vocab.json path finds merges.txt beside it.
+    assert tokenizers.load_tokenizer(str(tmp_path / "roberta" / "vocab.json")).identity() == tok.identity()
+
+
+def test_bpe_file_errors(tmp_path):
+    _write_bpe_files(tmp_path / "a", _TINY_VOCAB, _TINY_MERGES)
+    os.remove(tmp_path / "a" / "merges.txt")
+    with pytest.raises(
+        TokenizerError, match=r"^'.*merges\.txt' not found: a byte-level BPE vocab\.json needs"
+    ):
+        tokenizers.load_tokenizer(str(tmp_path / "a"))
+    _write_bpe_files(tmp_path / "b", _TINY_VOCAB, _TINY_MERGES)
+    (tmp_path / "b" / "vocab.json").write_text("h 4\ne 5\n")
+    with pytest.raises(
+        TokenizerError, match=r"^.*vocab\.json: not valid JSON \(.*\): a BPE vocab\.json maps"
+    ):
+        tokenizers.load_tokenizer(str(tmp_path / "b"))
+    gpt2_style = {k: v for k, v in _TINY_VOCAB.items() if k != "<mask>"}
+    _write_bpe_files(tmp_path / "c", gpt2_style, _TINY_MERGES)
+    with pytest.raises(TokenizerError, match=r"the vocab has no <mask> token: RoBERTa needs"):
+        tokenizers.load_tokenizer(str(tmp_path / "c"))
+
+
+def _topic_documents(n_sentences):
+    """Sentences of Python's own documentation (`pydoc_data.topics`), five per document."""
+    import pydoc_data.topics
+
+    text = " ".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
+    sentences = [s.strip() for s in " ".join(text.split()).split(". ") if len(s.strip()) > 10][:n_sentences]
+    return [sentences[i : i + 5] for i in range(0, len(sentences), 5)]
+
+
+@pytest.fixture(scope="module")
+def trained_bpe():
+    return tokenizers.train_bpe(_topic_documents(600), 700)
+
+
+def test_train_bpe_save_load(trained_bpe, tmp_path):
+    tok = trained_bpe
+    assert [tok.id_to_token(i) for i in range(5)] == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    assert tok.vocab_size == 700
+    sentences = [s for d in _topic_documents(800)[120:] for s in d]
+    for s in sentences + ["Caf\u00e9 \u00fcber \U0001f600 x\ty  z"]:  # every byte is in the vocab
+        ids = tok.encode(s)
+        assert tok.unk_id not in ids and tok.decode(ids) == s
+    tok.save(str(tmp_path / "bpe"))
+    assert sorted(os.listdir(tmp_path / "bpe")) == ["merges.txt", "tokenizer_config.json", "vocab.json"]
+    loaded = tokenizers.load_tokenizer(str(tmp_path / "bpe"))
+    assert loaded.identity() == tok.identity() and loaded.identity()["kind"] == "bpe"
+    assert loaded.encode_batch(sentences) == tok.encode_batch(sentences)
+    # The saved files are in GPT-2's published format: an independent GPT-2 encoder agrees.
+    vocab = json.loads((tmp_path / "bpe" / "vocab.json").read_text(encoding="utf-8"))
+    merges = [
+        tuple(line.split(" ")) for line in (tmp_path / "bpe" / "merges.txt").read_text().splitlines()[1:]
+    ]
+    for s in sentences[:40]:
+        assert tok.encode(s) == _gpt2_reference_encode(s, vocab, merges)
+    starts = tok.word_start_mask()
+    the = tok.encode(" the")
+    assert len(the) == 1 and starts[the[0]]  # "Ġthe"
+    assert all(starts[i] == tok.id_to_token(i).startswith("\u0120") for i in range(5, tok.vocab_size))
+
+
+# ---------------------------------------------------------------- SentencePiece
+
+
+@pytest.fixture(scope="module")
+def trained_sp():
+    return tokenizers.train_sentencepiece(_topic_documents(600), 600)
+
+
+def test_train_sentencepiece_albert_layout(trained_sp):
+    tok = trained_sp
+    assert [tok.id_to_token(i) for i in range(13)] == [
+        "<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]", "(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac"
+    ]  # fmt: skip
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    assert tok.vocab_size == 600 and tok.pair_format == "bert"
+    # Control symbols are never produced from text.
+    assert tok.mask_id not in tok.encode("[MASK]") and tok.cls_id not in tok.encode("[CLS]")
+    known = 0
+    for s in [s for d in _topic_documents(800)[120:] for s in d][:50]:
+        ids = tok.encode(s)
+        if tok.unk_id not in ids:  # characters below the coverage (e.g. "~") are <unk>, decoded " ⁇ "
+            known += 1
+            assert tok.decode(ids) == tokenizers.albert_preprocess(s, lowercase=True)
+    assert known >= 40
+
+
+def test_albert_normalisation_of_published_model(trained_sp, tmp_path):
+    # A bare spiece.model, as ALBERT publishes it, loads as uncased SentencePiece.
+    (tmp_path / "albert").mkdir()
+    trained_sp.save(str(tmp_path / "trained"))
+    (tmp_path / "albert" / "spiece.model").write_bytes((tmp_path / "trained" / "spiece.model").read_bytes())
+    tok = tokenizers.load_tokenizer(str(tmp_path / "albert"))
+    assert tok.identity() == trained_sp.identity() and tok.identity()["kind"] == "sentencepiece"
+    assert (
+        tokenizers.albert_preprocess("  Caf\u00e9  ``Na\u00efve''  CAT ", lowercase=True)
+        == 'cafe "naive" cat'
+    )
+    assert tokenizers.albert_preprocess("Caf\u00e9 ''x''", lowercase=False) == 'Cafe "x"'
+    assert tok.encode("  THE Caf\u00e9  ``Na\u00efve'' ") == tok.encode('the cafe "naive"')
+    assert tok.decode(tok.encode("The ``Value''")) == 'the "value"'
+    # ALBERT's encode_pieces: a digit + "," piece is split so the comma stands alone.
+    pieces = tok.pieces("in 1990, the")
+    assert "," in pieces and not any(p.endswith(",") and len(p) > 1 for p in pieces)
+    assert "".join(pieces).replace("\u2581", " ").strip() == "in 1990, the"
+    # A bare .model path works too.
+    assert tokenizers.load_tokenizer(str(tmp_path / "albert" / "spiece.model")).identity() == tok.identity()
+
+
+def test_sentencepiece_word_start_mask(trained_sp):
+    tok = trained_sp
+    starts = tok.word_start_mask()
+    assert starts.dtype == bool and starts.shape == (tok.vocab_size,)
+    for token in ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]", "(", '"', "."]:
+        assert starts[tok.token_to_id(token)], token
+    pieces = tok.pieces("the functions returned")
+    assert pieces[0] == "\u2581the" and starts[tok.token_to_id(pieces[0])]
+    continuations = [p for p in pieces if not p.startswith("\u2581")]
+    assert continuations and not any(starts[tok.token_to_id(p)] for p in continuations)
+    if tok.token_to_id(",") is not None:
+        assert starts[tok.token_to_id(",")]  # a lone punctuation piece, as ALBERT's _is_start_piece
+
+
+def test_sentencepiece_errors(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "spiece.model").write_bytes(b"this is not a protobuf")
+    with pytest.raises(
+        TokenizerError, match=r"^.*spiece\.model: not a SentencePiece model: pass a \.model file"
+    ):
+        tokenizers.load_tokenizer(str(tmp_path / "bad"))
+    with pytest.raises(TokenizerError, match="no sentences"):
+        tokenizers.train_sentencepiece([], 100)
+    with pytest.raises(TokenizerError, match="^SentencePiece training failed: .*[Vv]ocabulary size"):
+        tokenizers.train_sentencepiece([["a b c", "b c d"]], 5000)
+
+
+def test_identity_distinguishes_kinds(trained, trained_bpe, trained_sp):
+    kinds = [t.identity()["kind"] for t in (trained, trained_bpe, trained_sp)]
+    assert kinds == ["wordpiece", "bpe", "sentencepiece"]
+    assert [t.identity().get("pair_format", "bert") for t in (trained, trained_bpe, trained_sp)] == [
+        "bert",
+        "roberta",
+        "bert",
+    ]
+
+
+@pytest.mark.parametrize(
+    "kind,written,files",
+    [
+        ("bpe", "vocab.json", ["merges.txt", "tokenizer_config.json", "vocab.json"]),
+        ("sentencepiece", "spiece.model", ["spiece.model", "tokenizer_config.json"]),
+    ],
+)
+def test_cli_train_kinds(tmp_path, kind, written, files):
+    output = tmp_path / "tok"
+    result = _run_cli("train", "--corpus=demo", f"--kind={kind}", "--vocab_size=400", f"--output={output}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"wrote {output}/{written}: 400 tokens ({kind}")
+    assert sorted(os.listdir(output)) == files
+    loaded = tokenizers.load_tokenizer(str(output))
+    assert loaded.identity()["kind"] == kind and loaded.vocab_size == 400
+
+
+def test_cli_bpe_rejects_cased(tmp_path):
+    result = _run_cli("train", "--corpus=demo", "--kind=bpe", "--cased", f"--output={tmp_path}/tok")
+    assert result.returncode == 2
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: --cased does not apply to --kind=bpe: byte-level BPE always keeps case"
+    ]
