@@ -1,0 +1,959 @@
+"""Checkpoint import and export: Hugging Face folders and original TF1 checkpoints <-> our workdirs.
+
+    python -m models.convert import --from=hf:DIR --workdir=OUT   # config.json + model.safetensors
+    python -m models.convert import --from=tf:DIR --workdir=OUT   # {bert,albert}_config.json + model.ckpt
+    python -m models.convert export --workdir=W --to=hf:OUT
+
+Families: HF model_type bert, roberta and albert; TF1 checkpoints of google-research/bert and
+google-research/albert. An imported workdir is what `pretrain.workdir.load_pretrained` reads
+(model_config.json, tokenizer/, checkpoints/0/state), so `finetune.glue --init_checkpoint`,
+`models.encode` and `models.predict` take it as it is. `converted_from.json` beside it records
+the source and which optional parts (pooler, MLM head, NSP/SOP head) the source had; parts it
+lacked are left out of the parameters rather than filled with random values.
+
+Parameter names map one-to-one by the tables below (`BERT`, `ROBERTA`, `ALBERT`): one row per
+module, with our path, its HF name ("{base}" = the `bert.` / `roberta.` / `albert.` prefix
+that HF models with heads put before the encoder) and its TF1 name. `{i}` is the layer index;
+ALBERT's one shared layer is `encoder/shared_layer` (EncoderConfig.sharing = "all"). How a
+module's arrays are laid out differs by framework:
+
+    ours             HF (torch)                 TF1
+    dense kernel     [in, out]                  weight [out, in]          kernel [in, out]
+    q/k/v kernel     [H, N, D]                  weight [N*D, H]           kernel [H, N*D]
+    attn out kernel  [N, D, H]                  weight [H, N*D]           kernel [N*D, H]
+    q/k/v bias       [N, D]                     bias [N*D]                bias [N*D]
+    LayerNorm        scale, bias                weight, bias              gamma, beta
+    NSP/SOP head     kernel [H, 2]              weight [2, H]             output_weights [2, H]
+
+The MLM decoder is tied to the word embeddings everywhere, so it has no row: an HF file that
+stores it must hold a copy of the embeddings (an untied decoder is refused).
+
+Weights are read without torch: `model.safetensors` (or a sharded `model.safetensors.index.json`)
+through safetensors' NumPy API; only a folder that has nothing but `pytorch_model.bin`
+needs torch. TF checkpoints are read with `tf.train.load_checkpoint`.
+
+Tokenizers: BERT's WordPiece, RoBERTa's byte-level BPE and ALBERT's SentencePiece (the
+backends of data/tokenizers.py) are imported into the workdir's tokenizer/ and exported
+with the tokenizer_config.json keys transformers reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import numpy as np
+import tensorflow as tf
+from flax import traverse_util
+
+from data import tokenizers
+from models.encoder import EncoderConfig
+from models.pretraining import abstract_params
+from pretrain import workdir as workdir_lib
+
+log = logging.getLogger("convert")
+
+CONVERTED_FROM = "converted_from.json"
+# Optional parts of a published model, each all-or-nothing: BertModel has no heads,
+# BertForMaskedLM no pooler and no NSP head, BertForPreTraining everything.
+OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head")
+
+
+class ConversionError(ValueError):
+    """A checkpoint, config or tokenizer that cannot be converted (one line, user-facing)."""
+
+
+# --- the name tables ---------------------------------------------------------------
+
+# Module kinds: how a module's parameters are named and laid out (see the module docstring).
+EMBED = "embed"  # ours: embedding [rows, H]
+DENSE = "dense"  # ours: kernel [in, out], bias [out]
+HEADS_IN = "heads_in"  # q/k/v projection, ours: kernel [H, N, D], bias [N, D]
+HEADS_OUT = "heads_out"  # attention output projection, ours: kernel [N, D, H], bias [H]
+NORM = "norm"  # ours: scale, bias
+BIAS = "bias"  # a lone vector (the MLM output bias)
+CLASSIFIER = "classifier"  # DENSE, but TF names it output_weights [out, in] / output_bias
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """One row of a name table.
+
+    ours: path in the PretrainingModel parameter tree; hf: name in an HF state dict,
+    where "{base}" stands for the encoder prefix ("bert." in models with heads, "" in
+    BertModel); tf: variable name in the original TF checkpoint (None: the family has
+    none, e.g. RoBERTa). "{i}" is the layer index.
+    """
+
+    group: str  # "encoder" (required) or one of OPTIONAL_GROUPS
+    ours: str
+    kind: str
+    hf: str
+    tf: str | None
+
+
+def _rows(group: str, ours: str, hf: str, tf_: str | None, rows) -> list[Module]:
+    """Modules from (our suffix, kind, HF suffix, TF suffix) rows under common prefixes."""
+    return [Module(group, ours + o, kind, hf + h, None if tf_ is None else tf_ + t) for o, kind, h, t in rows]
+
+
+# Embeddings of all three families: ours under encoder/embeddings/, HF under {base}embeddings.,
+# TF under bert/embeddings/ (google-research/bert and /albert modeling.py). ALBERT's are E wide.
+_EMBEDDINGS = (
+    ("word_embeddings", EMBED, "word_embeddings", "word_embeddings"),
+    ("position_embeddings", EMBED, "position_embeddings", "position_embeddings"),
+    ("token_type_embeddings", EMBED, "token_type_embeddings", "token_type_embeddings"),
+    ("layer_norm", NORM, "LayerNorm", "LayerNorm"),
+)
+# A BERT / RoBERTa layer: ours under encoder/layer_{i}/, HF under {base}encoder.layer.{i}.,
+# TF under bert/encoder/layer_{i}/.
+_BERT_LAYER = (
+    ("attention/query", HEADS_IN, "attention.self.query", "attention/self/query"),
+    ("attention/key", HEADS_IN, "attention.self.key", "attention/self/key"),
+    ("attention/value", HEADS_IN, "attention.self.value", "attention/self/value"),
+    ("attention/output", HEADS_OUT, "attention.output.dense", "attention/output/dense"),
+    ("attention_layer_norm", NORM, "attention.output.LayerNorm", "attention/output/LayerNorm"),
+    ("intermediate", DENSE, "intermediate.dense", "intermediate/dense"),
+    ("output", DENSE, "output.dense", "output/dense"),
+    ("output_layer_norm", NORM, "output.LayerNorm", "output/LayerNorm"),
+)
+# ALBERT's one shared layer (sharing="all"): ours under encoder/shared_layer/, HF under
+# {base}encoder.albert_layer_groups.0.albert_layers.0., TF under
+# bert/encoder/transformer/group_0/inner_group_0/.
+_ALBERT_LAYER = (
+    ("attention/query", HEADS_IN, "attention.query", "attention_1/self/query"),
+    ("attention/key", HEADS_IN, "attention.key", "attention_1/self/key"),
+    ("attention/value", HEADS_IN, "attention.value", "attention_1/self/value"),
+    ("attention/output", HEADS_OUT, "attention.dense", "attention_1/output/dense"),
+    ("attention_layer_norm", NORM, "attention.LayerNorm", "LayerNorm"),
+    ("intermediate", DENSE, "ffn", "ffn_1/intermediate/dense"),
+    ("output", DENSE, "ffn_output", "ffn_1/intermediate/output/dense"),
+    ("output_layer_norm", NORM, "full_layer_layer_norm", "LayerNorm_1"),
+)
+# The heads: (group, our path, kind, HF name, TF name), full names.
+_BERT_HEADS = (
+    ("pooler", "encoder/pooler", DENSE, "{base}pooler.dense", "bert/pooler/dense"),
+    (
+        "mlm_head",
+        "mlm_head/transform",
+        DENSE,
+        "cls.predictions.transform.dense",
+        "cls/predictions/transform/dense",
+    ),
+    (
+        "mlm_head",
+        "mlm_head/transform_layer_norm",
+        NORM,
+        "cls.predictions.transform.LayerNorm",
+        "cls/predictions/transform/LayerNorm",
+    ),
+    ("mlm_head", "mlm_head/output_bias", BIAS, "cls.predictions.bias", "cls/predictions/output_bias"),
+    ("sentence_head", "sentence_head/classifier", CLASSIFIER, "cls.seq_relationship", "cls/seq_relationship"),
+)
+_ROBERTA_HEADS = (
+    ("pooler", "encoder/pooler", DENSE, "{base}pooler.dense", None),
+    ("mlm_head", "mlm_head/transform", DENSE, "lm_head.dense", None),
+    ("mlm_head", "mlm_head/transform_layer_norm", NORM, "lm_head.layer_norm", None),
+    ("mlm_head", "mlm_head/output_bias", BIAS, "lm_head.bias", None),
+)
+_ALBERT_HEADS = (
+    ("pooler", "encoder/pooler", DENSE, "{base}pooler", "bert/pooler/dense"),
+    ("mlm_head", "mlm_head/transform", DENSE, "predictions.dense", "cls/predictions/transform/dense"),
+    (
+        "mlm_head",
+        "mlm_head/transform_layer_norm",
+        NORM,
+        "predictions.LayerNorm",
+        "cls/predictions/transform/LayerNorm",
+    ),
+    ("mlm_head", "mlm_head/output_bias", BIAS, "predictions.bias", "cls/predictions/output_bias"),
+    (
+        "sentence_head",
+        "sentence_head/classifier",
+        CLASSIFIER,
+        "sop_classifier.classifier",
+        "cls/seq_relationship",
+    ),
+)
+_EMBEDDING_ROWS = ("encoder", "encoder/embeddings/", "{base}embeddings.", "bert/embeddings/")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFormat:
+    """How one published model family is laid out in HF and TF checkpoints."""
+
+    model_type: str  # HF config.json `model_type`
+    hf_base: str  # the encoder prefix in HF models with heads
+    table: tuple[Module, ...]
+    # HF names that duplicate a tied parameter: stored copy -> the name it must equal.
+    hf_tied: Mapping[str, str]
+    # HF class for config.json's "architectures", by the heads present: (sentence + MLM, MLM, none).
+    hf_classes: tuple[str | None, str, str]
+
+    def hf_architecture(self, groups: set[str]) -> str | None:
+        """The HF class with exactly these heads (None: the family has no sentence head)."""
+        if "sentence_head" in groups:
+            return self.hf_classes[0]
+        return self.hf_classes[1] if "mlm_head" in groups else self.hf_classes[2]
+
+
+BERT = ModelFormat(
+    model_type="bert",
+    hf_base="bert.",
+    table=(
+        *_rows(*_EMBEDDING_ROWS, _EMBEDDINGS),
+        *_rows(
+            "encoder",
+            "encoder/layer_{i}/",
+            "{base}encoder.layer.{i}.",
+            "bert/encoder/layer_{i}/",
+            _BERT_LAYER,
+        ),
+        *(Module(*row) for row in _BERT_HEADS),
+    ),
+    hf_tied={
+        "cls.predictions.decoder.weight": "{base}embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    },
+    hf_classes=("BertForPreTraining", "BertForMaskedLM", "BertModel"),
+)
+# fairseq's RoBERTa has no TF checkpoints, and no sentence head (no NSP).
+ROBERTA = ModelFormat(
+    model_type="roberta",
+    hf_base="roberta.",
+    table=(
+        *_rows("encoder", "encoder/embeddings/", "{base}embeddings.", None, _EMBEDDINGS),
+        *_rows("encoder", "encoder/layer_{i}/", "{base}encoder.layer.{i}.", None, _BERT_LAYER),
+        *(Module(*row) for row in _ROBERTA_HEADS),
+    ),
+    hf_tied={
+        "lm_head.decoder.weight": "{base}embeddings.word_embeddings.weight",
+        "lm_head.decoder.bias": "lm_head.bias",
+    },
+    hf_classes=(None, "RobertaForMaskedLM", "RobertaModel"),
+)
+ALBERT = ModelFormat(
+    model_type="albert",
+    hf_base="albert.",
+    table=(
+        *_rows(*_EMBEDDING_ROWS, _EMBEDDINGS),
+        Module(
+            "encoder",
+            "encoder/embedding_projection",
+            DENSE,
+            "{base}encoder.embedding_hidden_mapping_in",
+            "bert/encoder/embedding_hidden_mapping_in",
+        ),
+        *_rows(
+            "encoder",
+            "encoder/shared_layer/",
+            "{base}encoder.albert_layer_groups.0.albert_layers.0.",
+            "bert/encoder/transformer/group_0/inner_group_0/",
+            _ALBERT_LAYER,
+        ),
+        *(Module(*row) for row in _ALBERT_HEADS),
+    ),
+    hf_tied={
+        "predictions.decoder.weight": "{base}embeddings.word_embeddings.weight",
+        "predictions.decoder.bias": "predictions.bias",
+    },
+    hf_classes=("AlbertForPreTraining", "AlbertForMaskedLM", "AlbertModel"),
+)
+FORMATS = {f.model_type: f for f in (BERT, ROBERTA, ALBERT)}
+
+
+# --- one parameter: names and layouts -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One array: our path, its name in the other framework, and how it is laid out there.
+
+    layout: "table" (same shape), "vector" (flattened), "in_out" (2-D kernel [in, out]) or
+    "out_in" (2-D kernel [out, in]); in_axes: how many leading axes of ours form `in`.
+    """
+
+    group: str
+    ours: tuple[str, ...]
+    theirs: str
+    layout: str
+    in_axes: int = 1
+
+    def their_shape(self, our_shape: tuple[int, ...]) -> tuple[int, ...]:
+        if self.layout == "table":
+            return tuple(our_shape)
+        if self.layout == "vector":
+            return (math.prod(our_shape),)
+        shape = (math.prod(our_shape[: self.in_axes]), math.prod(our_shape[self.in_axes :]))
+        return shape if self.layout == "in_out" else shape[::-1]
+
+    def to_ours(self, array: np.ndarray, our_shape: tuple[int, ...]) -> np.ndarray:
+        array = array.T if self.layout == "out_in" else array
+        return np.ascontiguousarray(array.reshape(our_shape), dtype=np.float32)
+
+    def to_theirs(self, array: np.ndarray) -> np.ndarray:
+        shape = self.their_shape(array.shape)
+        if self.layout == "out_in":  # [in, out] first, then transposed
+            return np.ascontiguousarray(np.asarray(array, np.float32).reshape(shape[::-1]).T)
+        return np.ascontiguousarray(np.asarray(array, np.float32).reshape(shape))
+
+
+def expand(fmt: ModelFormat, framework: str, num_layers: int, hf_base: str = "") -> list[Param]:
+    """The table of `fmt` as one `Param` per array, for "hf" or "tf", layers 0..num_layers-1."""
+    params = []
+    for module in fmt.table:
+        indices = range(num_layers) if "{i}" in module.ours else [None]
+        for i in indices:
+            ours = module.ours.format(i=i)
+            name = module.hf if framework == "hf" else module.tf
+            if name is None:
+                raise ConversionError(f"{fmt.model_type} has no {framework.upper()} checkpoints")
+            name = name.format(i=i, base=hf_base)
+            params.extend(_module_params(module.group, module.kind, tuple(ours.split("/")), name, framework))
+    return params
+
+
+def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, framework: str) -> list[Param]:
+    hf = framework == "hf"
+    join = (lambda leaf: f"{name}.{leaf}") if hf else (lambda leaf: f"{name}/{leaf}")
+    if kind == EMBED:
+        return [Param(group, (*ours, "embedding"), join("weight") if hf else name, "table")]
+    if kind == BIAS:
+        return [Param(group, ours, name, "vector")]
+    if kind == NORM:
+        return [
+            Param(group, (*ours, "scale"), join("weight" if hf else "gamma"), "vector"),
+            Param(group, (*ours, "bias"), join("bias" if hf else "beta"), "vector"),
+        ]
+    in_axes = 2 if kind == HEADS_OUT else 1
+    if kind == CLASSIFIER and not hf:
+        return [
+            Param(group, (*ours, "kernel"), join("output_weights"), "out_in"),
+            Param(group, (*ours, "bias"), join("output_bias"), "vector"),
+        ]
+    return [
+        Param(
+            group,
+            (*ours, "kernel"),
+            join("weight" if hf else "kernel"),
+            "out_in" if hf else "in_out",
+            in_axes,
+        ),
+        Param(group, (*ours, "bias"), join("bias"), "vector"),
+    ]
+
+
+def our_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Shape of every array of the full PretrainingModel (with NSP head); allocates nothing."""
+    tree = nn.meta.unbox(abstract_params(config, sentence_objective=True))
+    return {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
+
+
+# --- building our parameters from theirs --------------------------------------------
+
+
+@dataclasses.dataclass
+class Imported:
+    """A converted model, ready for `write_workdir`.
+
+    params: the PretrainingModel tree as float32 NumPy arrays, without the optional
+    groups the source lacked; groups: the optional groups present.
+    """
+
+    model_type: str
+    config: EncoderConfig
+    params: dict[str, Any]
+    tokenizer: tokenizers.Tokenizer
+    groups: list[str]
+    source: str
+
+
+def build_params(
+    params_spec: list[Param],
+    read: Callable[[str], np.ndarray],
+    names: set[str],
+    config: EncoderConfig,
+    where: str,
+    what: str,
+    config_name: str,
+) -> tuple[dict[str, Any], list[str], set[str]]:
+    """Our parameter tree from a checkpoint's arrays.
+
+    Args:
+      params_spec: `expand(...)`; read: name -> array; names: every name in the source.
+      where: the source in error messages ("hf:DIR"); what: "tensor" or "variable";
+      config_name: the config file the shapes came from ("config.json").
+    Returns:
+      (nested params, optional groups present, the source names used).
+    Raises:
+      ConversionError: a required array is missing or has the wrong shape.
+    """
+    shapes = our_shapes(config)
+    by_group: dict[str, list[Param]] = {}
+    for p in params_spec:
+        by_group.setdefault(p.group, []).append(p)
+    flat, groups, used = {}, [], set()
+    for group, members in by_group.items():
+        present = [p for p in members if p.theirs in names]
+        if group != "encoder" and not present:
+            continue
+        for p in members:
+            if p.theirs not in names:
+                raise ConversionError(
+                    f"{where}: the checkpoint has no {what} '{p.theirs}' (for our {'/'.join(p.ours)}): "
+                    f"is {config_name} the config of this checkpoint?"
+                )
+            array = read(p.theirs)
+            expected = p.their_shape(shapes[p.ours])
+            if tuple(array.shape) != expected:
+                raise ConversionError(
+                    f"{where}: {what} '{p.theirs}' has shape {tuple(array.shape)} but {config_name} "
+                    f"implies {expected}: the weights do not belong to this config"
+                )
+            flat[p.ours] = p.to_ours(np.asarray(array), shapes[p.ours])
+            used.add(p.theirs)
+        if group != "encoder":
+            groups.append(group)
+    return traverse_util.unflatten_dict(flat), sorted(groups, key=OPTIONAL_GROUPS.index), used
+
+
+# --- configs --------------------------------------------------------------------------
+
+# HF `hidden_act` -> ours. gelu_new / gelu_pytorch_tanh are the tanh approximation.
+_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+_OUR_ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+
+
+def _read_json(path: str, where: str) -> dict:
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            value = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"{where}: {os.path.basename(path)} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ConversionError(f"{where}: {os.path.basename(path)} is not a JSON object")
+    return value
+
+
+def _encoder_config(
+    fields: Mapping[str, Any], hidden_act: str, where: str, name: str, **extra
+) -> EncoderConfig:
+    """EncoderConfig from the keys that HF and TF configs share (HF's names)."""
+    try:
+        return EncoderConfig(
+            vocab_size=fields["vocab_size"],
+            hidden_size=fields["hidden_size"],
+            num_layers=fields["num_hidden_layers"],
+            num_heads=fields["num_attention_heads"],
+            intermediate_size=fields["intermediate_size"],
+            max_position_embeddings=fields.get("max_position_embeddings", 512),
+            type_vocab_size=fields.get("type_vocab_size", 2),
+            dropout_rate=fields.get("hidden_dropout_prob", 0.1),
+            attention_dropout_rate=fields.get("attention_probs_dropout_prob", 0.1),
+            hidden_act=hidden_act,
+            initializer_range=fields.get("initializer_range", 0.02),
+            **extra,
+        )
+    except KeyError as e:
+        raise ConversionError(f"{where}: {name} has no {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ConversionError(f"{where}: {name}: {e}") from None
+
+
+def _albert_options(fields: Mapping[str, Any], where: str, name: str) -> dict[str, Any]:
+    """embedding_size and sharing of an ALBERT config; refuses what our encoder cannot express."""
+    groups, inner = fields.get("num_hidden_groups", 1), fields.get("inner_group_num", 1)
+    if (groups, inner) != (1, 1):
+        raise ConversionError(
+            f"{where}: {name} num_hidden_groups={groups}, inner_group_num={inner} is not supported: "
+            "our encoder shares one layer across all layers (sharing='all'), i.e. 1 and 1"
+        )
+    embedding_size = fields.get("embedding_size", 128)
+    if embedding_size == fields.get("hidden_size"):
+        # Our encoder has no E -> H projection when E = H (as google-research/albert), HF always has one.
+        raise ConversionError(
+            f"{where}: {name} embedding_size = hidden_size = {embedding_size} is not supported: "
+            "our encoder has no embedding projection then"
+        )
+    return {"embedding_size": embedding_size, "sharing": "all"}
+
+
+def hf_config_to_ours(hf: Mapping[str, Any], where: str) -> tuple[ModelFormat, EncoderConfig]:
+    """EncoderConfig of an HF config.json; refuses model types and options we cannot reproduce."""
+    model_type = hf.get("model_type")
+    if model_type not in FORMATS:
+        raise ConversionError(
+            f"{where}: model_type {model_type!r} is not supported: this converter reads {', '.join(FORMATS)}"
+        )
+    refusals = {
+        "position_embedding_type": ("absolute", "this encoder has learned absolute positions only"),
+        "is_decoder": (False, "this is an encoder-only codebase"),
+        "add_cross_attention": (False, "this is an encoder-only codebase"),
+        "tie_word_embeddings": (True, "our MLM decoder is tied to the word embeddings"),
+    }
+    for key, (wanted, why) in refusals.items():
+        if key in hf and hf[key] != wanted:
+            raise ConversionError(f"{where}: config.json {key}={hf[key]!r} is not supported: {why}")
+    act = hf.get("hidden_act", "gelu")
+    if act not in _HF_ACTIVATIONS:
+        raise ConversionError(
+            f"{where}: config.json hidden_act={act!r} is not supported: use one of {sorted(_HF_ACTIVATIONS)}"
+        )
+    extra: dict[str, Any] = {"layer_norm_eps": hf.get("layer_norm_eps", 1e-12)}
+    if model_type == "roberta":
+        # HF (as fairseq) numbers positions from padding_idx + 1 (create_position_ids_from_input_ids).
+        extra["position_offset"] = hf.get("pad_token_id", 1) + 1
+    if model_type == "albert":
+        extra.update(_albert_options(hf, where, "config.json"))
+    return FORMATS[model_type], _encoder_config(hf, _HF_ACTIVATIONS[act], where, "config.json", **extra)
+
+
+def tf_config_to_ours(tf_config: Mapping[str, Any], albert: bool, where: str) -> EncoderConfig:
+    """EncoderConfig of a bert_config.json / albert_config.json. Their "gelu" is the tanh
+    approximation (google-research/bert and /albert modeling.py)."""
+    name = "albert_config.json" if albert else "bert_config.json"
+    act = tf_config.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise ConversionError(f"{where}: {name} hidden_act={act!r} is not supported: use 'gelu'")
+    # modeling.py's layer_norm (tf.contrib.layers.layer_norm) uses epsilon 1e-12.
+    extra: dict[str, Any] = {"layer_norm_eps": 1e-12}
+    if albert:
+        extra.update(_albert_options(tf_config, where, name))
+    fields = {"type_vocab_size": 16, **tf_config}  # modeling.py's BertConfig default
+    return _encoder_config(fields, "gelu_tanh", where, name, **extra)
+
+
+def format_of(config: EncoderConfig) -> ModelFormat:
+    """The published family whose layout `config` has (for export)."""
+    if config.sharing == "all" and config.factorized_embedding and config.position_offset == 0:
+        return ALBERT
+    if config.sharing == "none" and not config.factorized_embedding:
+        return ROBERTA if config.position_offset else BERT
+    raise ConversionError(
+        f"no published model family has this layout (sharing={config.sharing!r}, embedding_size="
+        f"{config.embedding_size}, position_offset={config.position_offset}): HF bert and roberta "
+        "need sharing='none' without factorization, albert sharing='all' with embedding_size != hidden_size"
+    )
+
+
+# --- tokenizers ---------------------------------------------------------------------------
+
+
+def read_tokenizer(fmt: ModelFormat, directory: str, where: str) -> tokenizers.Tokenizer:
+    """The tokenizer files of a model folder: BERT's vocab.txt (casing from HF's
+    tokenizer_config.json, else inferred from the vocab), RoBERTa's vocab.json + merges.txt,
+    ALBERT's spiece.model (or the one *.model, e.g. the TF release's 30k-clean.model)."""
+    settings_path = os.path.join(directory, "tokenizer_config.json")
+    settings = _read_json(settings_path, where) if os.path.exists(settings_path) else {}
+    if fmt is ROBERTA:
+        vocab, merges = (
+            os.path.join(directory, n) for n in (tokenizers.BPE_VOCAB_FILE, tokenizers.BPE_MERGES_FILE)
+        )
+        if not (os.path.exists(vocab) and os.path.exists(merges)):
+            raise ConversionError(
+                f"{where}: no vocab.json + merges.txt: a RoBERTa folder needs its BPE files"
+            )
+        return tokenizers.ByteLevelBPETokenizer.from_files(vocab, merges)
+    if fmt is ALBERT:
+        candidates = sorted(n for n in os.listdir(directory) if n.endswith(".model"))
+        if tokenizers.SP_MODEL_FILE in candidates:
+            candidates = [tokenizers.SP_MODEL_FILE]
+        if len(candidates) != 1:
+            raise ConversionError(
+                f"{where}: {'no' if not candidates else 'more than one'} SentencePiece *.model: an ALBERT "
+                "folder needs exactly one (spiece.model, or the TF release's 30k-clean.model)"
+            )
+        return tokenizers.SentencePieceTokenizer.from_model_file(
+            os.path.join(directory, candidates[0]), lowercase=settings.get("do_lower_case", True)
+        )
+    vocab = os.path.join(directory, tokenizers.VOCAB_FILE)
+    if not os.path.exists(vocab):
+        raise ConversionError(f"{where}: no {tokenizers.VOCAB_FILE}: a BERT folder needs its WordPiece vocab")
+    return tokenizers.WordPieceTokenizer.from_vocab_file(
+        vocab, lowercase=settings.get("do_lower_case"), strip_accents=settings.get("strip_accents")
+    )
+
+
+def _check_vocab(config: EncoderConfig, tokenizer: tokenizers.Tokenizer, where: str, name: str) -> None:
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ConversionError(
+            f"{where}: {name} has vocab_size={config.vocab_size} but the tokenizer has "
+            f"{tokenizer.vocab_size} tokens: the vocab file does not belong to this model"
+        )
+
+
+# Our tokenizer kind -> the transformers class that reads the same files.
+_HF_TOKENIZER_CLASSES = {
+    "wordpiece": "BertTokenizer",
+    "bpe": "RobertaTokenizer",
+    "sentencepiece": "AlbertTokenizer",
+}
+
+
+def write_hf_tokenizer(tokenizer: tokenizers.Tokenizer, config: EncoderConfig, output: str) -> None:
+    """Our tokenizer's files plus the tokenizer_config.json / special_tokens_map.json keys that
+    transformers' AutoTokenizer reads (our load_tokenizer reads the same folder)."""
+    tokenizer.save(output)
+    identity = tokenizer.identity()
+    kind = identity["kind"]
+    if kind not in _HF_TOKENIZER_CLASSES:
+        raise ConversionError(f"exporting a {kind!r} tokenizer is not supported")
+    roles = {
+        "unk": tokenizer.unk_id,
+        "sep": tokenizer.sep_id,
+        "pad": tokenizer.pad_id,
+        "cls": tokenizer.cls_id,
+    }
+    specials = {f"{role}_token": tokenizer.id_to_token(i) for role, i in roles.items()}
+    specials["mask_token"] = tokenizer.id_to_token(tokenizer.mask_id)
+    if kind == "bpe":  # RoBERTa's <s> / </s> are also its bos / eos
+        specials.update(bos_token=specials["cls_token"], eos_token=specials["sep_token"])
+    settings = {
+        "tokenizer_class": _HF_TOKENIZER_CLASSES[kind],
+        "model_max_length": config.max_length,
+        **specials,
+    }
+    if kind == "wordpiece":
+        settings.update(
+            do_lower_case=identity["lowercase"],
+            strip_accents=identity["strip_accents"],
+            tokenize_chinese_chars=True,
+        )
+    elif kind == "bpe":
+        settings["add_prefix_space"] = False
+    else:
+        settings["do_lower_case"] = identity.get("lowercase", True)
+    path = os.path.join(output, "tokenizer_config.json")
+    ours = _read_json(path, output) if os.path.exists(path) else {}
+    with open(path, "w") as f:
+        json.dump({**ours, **settings}, f, indent=2)
+    with open(os.path.join(output, "special_tokens_map.json"), "w") as f:
+        json.dump(specials, f, indent=2)
+
+
+# --- Hugging Face folders -----------------------------------------------------------
+
+
+def read_hf_weights(directory: str, where: str) -> dict[str, np.ndarray]:
+    """Every tensor of an HF folder as NumPy: model.safetensors, a sharded safetensors index,
+    or (needs torch) pytorch_model.bin."""
+    from safetensors.numpy import load_file
+
+    single = os.path.join(directory, "model.safetensors")
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(single):
+        return _load_safetensors(load_file, single, where)
+    if os.path.exists(index):
+        files = sorted(set(_read_json(index, where).get("weight_map", {}).values()))
+        tensors = {}
+        for name in files:
+            tensors.update(_load_safetensors(load_file, os.path.join(directory, name), where))
+        return tensors
+    binary = os.path.join(directory, "pytorch_model.bin")
+    if os.path.exists(binary):
+        try:
+            import torch
+        except ImportError:
+            raise ConversionError(
+                f"{where}: has only pytorch_model.bin, which needs torch to read: pip install torch==2.13.0 "
+                "(CPU is enough), or save the model as model.safetensors"
+            ) from None
+        state = torch.load(binary, map_location="cpu", weights_only=True)
+        return {name: t.detach().float().numpy() for name, t in state.items()}
+    raise ConversionError(
+        f"{where}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin: "
+        "pass a folder written by transformers' save_pretrained"
+    )
+
+
+def _load_safetensors(load_file, path: str, where: str) -> dict[str, np.ndarray]:
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors raises its own SafetensorError for damaged files
+        raise ConversionError(f"{where}: cannot read {os.path.basename(path)}: {e}") from None
+
+
+def _legacy_hf_name(name: str) -> str:
+    """Old HF BERT files call LayerNorm parameters gamma/beta."""
+    name = re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", name)
+    return re.sub(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight", name)
+
+
+def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str, Any], list[str]]:
+    """config.json and the weights of an HF folder: (family, config, our params, optional groups)."""
+    where = f"hf:{directory}"
+    if not os.path.isdir(directory):
+        raise ConversionError(f"{where}: not a directory")
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.exists(config_path):
+        raise ConversionError(
+            f"{where}: no config.json: pass a folder written by transformers' save_pretrained"
+        )
+    fmt, config = hf_config_to_ours(_read_json(config_path, where), where)
+    tensors = {_legacy_hf_name(k): v for k, v in read_hf_weights(directory, where).items()}
+    # Models with heads prefix the encoder ("bert."), the bare model (BertModel) does not.
+    base = fmt.hf_base if any(k.startswith(fmt.hf_base) for k in tensors) else ""
+    spec = expand(fmt, "hf", config.num_layers, hf_base=base)
+    params, groups, used = build_params(
+        spec, tensors.__getitem__, set(tensors), config, where, "tensor", "config.json"
+    )
+    for copy, original in fmt.hf_tied.items():
+        original = original.format(base=base)
+        if copy in tensors:
+            if original in tensors and not np.array_equal(tensors[copy], tensors[original]):
+                raise ConversionError(
+                    f"{where}: {copy} differs from {original}: untied MLM decoders are not supported "
+                    "(our decoder is the word embedding matrix)"
+                )
+            used.add(copy)
+    ignored = sorted(k for k in tensors if k not in used and not k.endswith("position_ids"))
+    if ignored:
+        log.warning(
+            "%s: ignoring %d tensors that are not part of the pretraining model: %s",
+            where,
+            len(ignored),
+            ", ".join(ignored[:6]),
+        )
+    return fmt, config, params, groups
+
+
+def import_hf(directory: str) -> Imported:
+    """Reads an HF model folder (config.json, weights, tokenizer files) into our format."""
+    where = f"hf:{directory}"
+    fmt, config, params, groups = read_hf_model(directory)
+    tokenizer = read_tokenizer(fmt, directory, where)
+    _check_vocab(config, tokenizer, where, "config.json")
+    return Imported(fmt.model_type, config, params, tokenizer, groups, where)
+
+
+def hf_model_files(
+    config: EncoderConfig, params: Mapping[str, Any], pad_id: int
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json contents, tensors by HF name) of our config and parameters."""
+    fmt = format_of(config)
+    flat = traverse_util.flatten_dict(params)
+    spec = expand(fmt, "hf", config.num_layers, hf_base=fmt.hf_base)
+    known = {p.ours for p in spec}
+    groups = set(present_groups(params))
+    if fmt.hf_architecture(groups) is None:
+        # RoBERTa has no sentence head in HF; the rest of the model is still exported.
+        log.warning("the sentence head has no %s counterpart in transformers: not exported", fmt.model_type)
+        groups.discard("sentence_head")
+        known |= {k for k in flat if k[0] == "sentence_head"}
+    unknown = sorted("/".join(k) for k in flat if k not in known)
+    if unknown:
+        raise ConversionError(f"parameters with no HF {fmt.model_type} name: {unknown[:5]}")
+    tensors = {p.theirs: p.to_theirs(np.asarray(flat[p.ours])) for p in spec if p.ours in flat}
+    if fmt is ROBERTA and config.position_offset != pad_id + 1:
+        raise ConversionError(
+            f"position_offset={config.position_offset} but HF RoBERTa numbers positions from "
+            f"pad id + 1 = {pad_id + 1}: the model cannot be expressed in transformers"
+        )
+    hf_config = {
+        "architectures": [fmt.hf_architecture(groups)],
+        "model_type": fmt.model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "hidden_dropout_prob": config.dropout_rate,
+        "attention_probs_dropout_prob": config.attention_dropout_rate,
+        "hidden_act": _OUR_ACTIVATIONS_TO_HF[config.hidden_act],
+        "layer_norm_eps": config.layer_norm_eps,
+        "initializer_range": config.initializer_range,
+        "pad_token_id": pad_id,
+        "tie_word_embeddings": True,
+    }
+    if fmt is ALBERT:
+        hf_config.update(embedding_size=config.embedding_width, num_hidden_groups=1, inner_group_num=1)
+    else:
+        hf_config["position_embedding_type"] = "absolute"
+    return hf_config, tensors
+
+
+def write_hf_model(output: str, config: EncoderConfig, params: Mapping[str, Any], pad_id: int) -> str:
+    """Writes config.json and model.safetensors; returns the HF class named in config.json."""
+    from safetensors.numpy import save_file
+
+    hf_config, tensors = hf_model_files(config, params, pad_id)
+    os.makedirs(output, exist_ok=True)
+    save_file(tensors, os.path.join(output, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(output, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    return hf_config["architectures"][0]
+
+
+def export_hf(workdir: str, output: str, step: int | None = None) -> str:
+    """Writes config.json, model.safetensors and tokenizer files of `workdir` to `output`.
+
+    Returns the HF class written into config.json: the one with exactly the workdir's heads
+    (e.g. BertForPreTraining with MLM + NSP, BertForMaskedLM with only MLM, BertModel without).
+    """
+    pretrained = workdir_lib.load_pretrained(workdir, step)
+    try:
+        write_hf_tokenizer(pretrained.tokenizer, pretrained.config, output)
+        return write_hf_model(output, pretrained.config, pretrained.params, pretrained.tokenizer.pad_id)
+    except ConversionError as e:
+        raise ConversionError(f"'{workdir}': {e}") from None
+
+
+# --- original TF1 checkpoints (google-research/bert, google-research/albert) -----------
+
+
+def _tf_checkpoint_prefix(directory: str, where: str) -> str:
+    """The newest checkpoint in `directory`: the `checkpoint` file's, else the highest model.ckpt-N."""
+    latest = tf.train.latest_checkpoint(directory)
+    if latest:
+        return latest
+    prefixes = [p[: -len(".index")] for p in tf.io.gfile.glob(os.path.join(directory, "*.index"))]
+    if not prefixes:
+        raise ConversionError(
+            f"{where}: no TF checkpoint (*.index, e.g. bert_model.ckpt.index) in the folder"
+        )
+
+    def step(prefix: str) -> int:
+        match = re.search(r"-(\d+)$", prefix)
+        return int(match.group(1)) if match else -1
+
+    return max(prefixes, key=step)
+
+
+def read_tf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str, Any], list[str]]:
+    """bert_config.json / albert_config.json and the newest checkpoint of a google-research folder."""
+    where = f"tf:{directory}"
+    if not os.path.isdir(directory):
+        raise ConversionError(f"{where}: not a directory")
+    albert = os.path.exists(os.path.join(directory, "albert_config.json"))
+    name = "albert_config.json" if albert else "bert_config.json"
+    if not os.path.exists(os.path.join(directory, name)):
+        raise ConversionError(
+            f"{where}: no bert_config.json or albert_config.json: pass the folder of a "
+            "google-research/bert or /albert checkpoint"
+        )
+    config = tf_config_to_ours(_read_json(os.path.join(directory, name), where), albert, where)
+    prefix = _tf_checkpoint_prefix(directory, where)
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except (tf.errors.OpError, ValueError) as e:
+        raise ConversionError(f"{where}: cannot read checkpoint {os.path.basename(prefix)}: {e}") from None
+    shapes = reader.get_variable_to_shape_map()
+    # TF-Hub exports put every variable under "module/".
+    strip = "module/" if any(n.startswith("module/") for n in shapes) else ""
+    names = {n.removeprefix(strip) for n in shapes}
+    fmt = ALBERT if albert else BERT
+    spec = expand(fmt, "tf", config.num_layers)
+    params, groups, used = build_params(
+        spec, lambda n: reader.get_tensor(strip + n), names, config, where, "variable", name
+    )
+    # Optimizer slots and the step counter are training state, not model.
+    ignored = sorted(
+        n for n in names if n not in used and n != "global_step" and not re.search(r"/(adam|lamb)_[mv]$", n)
+    )
+    if ignored:
+        log.warning(
+            "%s: ignoring %d variables that are not part of the pretraining model: %s",
+            where,
+            len(ignored),
+            ", ".join(ignored[:6]),
+        )
+    return fmt, config, params, groups
+
+
+def import_tf(directory: str) -> Imported:
+    """Reads a google-research/bert (or /albert) checkpoint folder with its vocab."""
+    where = f"tf:{directory}"
+    fmt, config, params, groups = read_tf_model(directory)
+    tokenizer = read_tokenizer(fmt, directory, where)
+    _check_vocab(config, tokenizer, where, f"{fmt.model_type}_config.json")
+    return Imported(fmt.model_type, config, params, tokenizer, groups, where)
+
+
+# --- workdirs -------------------------------------------------------------------------
+
+
+def write_workdir(workdir: str, imported: Imported) -> None:
+    """Writes `imported` as a workdir (step 0) that `load_pretrained` reads, plus converted_from.json."""
+    if tf.io.gfile.exists(os.path.join(workdir, workdir_lib.MODEL_CONFIG)):
+        raise ConversionError(f"'{workdir}' already holds a model: choose a new --workdir")
+    workdir_lib.save_pretrained(workdir, imported.config, imported.params, imported.tokenizer, step=0)
+    info = {"source": imported.source, "model_type": imported.model_type, "groups": imported.groups}
+    with tf.io.gfile.GFile(os.path.join(workdir, CONVERTED_FROM), "w") as f:
+        json.dump(info, f, indent=2)
+
+
+def present_groups(params: Mapping[str, Any]) -> list[str]:
+    """The optional groups a parameter tree has, in OPTIONAL_GROUPS order."""
+    present = {
+        "pooler": "pooler" in params.get("encoder", {}),
+        "mlm_head": "mlm_head" in params,
+        "sentence_head": "sentence_head" in params,
+    }
+    return [g for g in OPTIONAL_GROUPS if present[g]]
+
+
+# --- CLI ------------------------------------------------------------------------------
+
+
+def _source(spec: str) -> tuple[str, str]:
+    kind, sep, path = spec.partition(":")
+    if not sep or kind not in ("hf", "tf") or not path:
+        raise ConversionError(
+            f"--from={spec!r}: write hf:DIR (a transformers folder) or tf:DIR (a TF1 checkpoint)"
+        )
+    return kind, path
+
+
+def run_import(source: str, workdir: str) -> Imported:
+    kind, path = _source(source)
+    imported = import_hf(path) if kind == "hf" else import_tf(path)
+    write_workdir(workdir, imported)
+    return imported
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.convert", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    imp = commands.add_parser("import", help="a published checkpoint -> a workdir")
+    imp.add_argument("--from", dest="source", required=True, help="hf:DIR or tf:DIR")
+    imp.add_argument("--workdir", required=True, help="new workdir to write")
+    exp = commands.add_parser("export", help="a workdir -> a transformers folder")
+    exp.add_argument("--workdir", required=True)
+    exp.add_argument("--to", dest="target", required=True, help="hf:DIR")
+    exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        if args.command == "import":
+            imported = run_import(args.source, args.workdir)
+            c = imported.config
+            print(
+                f"imported {imported.model_type} ({c.num_layers} layers, hidden {c.hidden_size}, "
+                f"vocab {c.vocab_size}; parts: encoder, {', '.join(imported.groups) or 'no heads'}) "
+                f"-> {args.workdir}"
+            )
+        else:
+            kind, _, path = args.target.partition(":")
+            if kind != "hf" or not path:
+                raise ConversionError(f"--to={args.target!r}: write hf:DIR (export to TF1 is not supported)")
+            architecture = export_hf(args.workdir, path, args.step)
+            print(f"exported {args.workdir} -> {path} ({architecture}, model.safetensors)")
+    except (ConversionError, workdir_lib.WorkdirError, tokenizers.TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Feature extraction: a workdir's encoder over lines of text -> an npz of hidden states.
+
+    python -m models.encode --workdir=W --input=FILE.txt --output=OUT.npz \
+        [--max_seq_length=128] [--batch_size=32] [--step=N]
+
+Each line of FILE.txt is one sentence, or a sentence pair separated by a tab. Inputs are
+built as in BERT: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, segment ids 0 for A and 1
+for B, the longer side trimmed from its end until the pair fits (`truncate_seq_pair`).
+A RoBERTa tokenizer (`pair_format` "roberta") gives RoBERTa's pair format instead,
+`<s> A </s></s> B </s>` with segment ids all 0. Rows are right-padded to the longest row
+(at most max_seq_length).
+
+OUT.npz holds `input_ids`, `attention_mask`, `token_type_ids` [n, L] int32 and
+`last_hidden_state` [n, L, H] float32 (padding rows included: mask them out with
+attention_mask), plus `pooled_output` [n, H] float32 when the model has a pooler (an
+imported model without one, e.g. from BertForMaskedLM, has none). The names are those of
+HF transformers' outputs, so parity with another implementation is one np.abs(a - b).max().
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorflow as tf
+
+from data import tokenizers
+from models.encoder import Encoder, EncoderConfig
+from pretrain import workdir as workdir_lib
+
+
+class EncodeError(ValueError):
+    """Bad input to the encode / predict CLIs (one line, user-facing)."""
+
+
+def has_pooler(params: Mapping[str, Any]) -> bool:
+    return "pooler" in params["encoder"]
+
+
+def encoder_params(config: EncoderConfig, params: Mapping[str, Any]) -> dict[str, Any]:
+    """params["encoder"], with a zero pooler when the model has none (its output is then unused)."""
+    encoder = dict(params["encoder"])
+    if "pooler" not in encoder:
+        h = config.hidden_size
+        encoder["pooler"] = {"kernel": np.zeros((h, h), np.float32), "bias": np.zeros((h,), np.float32)}
+    return encoder
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def encode_arrays(
+    config: EncoderConfig, params: Any, input_ids: jax.Array, input_mask: jax.Array, segment_ids: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The encoder's outputs: ([B, L, H], [B, H]) float32 for [B, L] int32 inputs; no dropout."""
+    out = Encoder(config).apply({"params": params}, input_ids, input_mask, segment_ids, deterministic=True)
+    return out.sequence_output.astype(jnp.float32), out.pooled_output.astype(jnp.float32)
+
+
+def truncate_seq_pair(a: list[int], b: list[int], max_tokens: int) -> None:
+    """google-research/bert's truncate_seq_pair: drop the last token of the longer side until both fit."""
+    while len(a) + len(b) > max_tokens:
+        (a if len(a) > len(b) else b).pop()
+
+
+def build_inputs(
+    tokenizer: tokenizers.Tokenizer, texts: Sequence[str], max_seq_length: int
+) -> dict[str, np.ndarray]:
+    """Model inputs for lines of text ("A" or "A<TAB>B"): input_ids, attention_mask,
+    token_type_ids [n, L] int32, L = the longest row (<= max_seq_length), in the
+    tokenizer's `pair_format`."""
+    one_type = tokenizer.pair_format == "roberta"
+    rows, segments = [], []
+    for line in texts:
+        a_text, sep, b_text = line.partition("\t")
+        a = tokenizer.encode(a_text)
+        b = tokenizer.encode(b_text) if sep else []
+        specials = (4 if one_type else 3) if sep else 2
+        truncate_seq_pair(a, b, max_seq_length - specials)
+        ids = [tokenizer.cls_id, *a, tokenizer.sep_id]
+        segment = [0] * len(ids)
+        if sep:
+            second = [tokenizer.sep_id, *b, tokenizer.sep_id] if one_type else [*b, tokenizer.sep_id]
+            ids += second
+            segment += [0 if one_type else 1] * len(second)
+        rows.append(ids)
+        segments.append(segment)
+    length = max(len(r) for r in rows)
+    out = {
+        "input_ids": np.full((len(rows), length), tokenizer.pad_id, np.int32),
+        "attention_mask": np.zeros((len(rows), length), np.int32),
+        "token_type_ids": np.zeros((len(rows), length), np.int32),
+    }
+    for i, (ids, segment) in enumerate(zip(rows, segments)):
+        out["input_ids"][i, : len(ids)] = ids
+        out["attention_mask"][i, : len(ids)] = 1
+        out["token_type_ids"][i, : len(ids)] = segment
+    return out
+
+
+def encode(
+    pretrained: workdir_lib.Pretrained, inputs: Mapping[str, np.ndarray], batch_size: int = 32
+) -> dict[str, np.ndarray]:
+    """`inputs` (from build_inputs) plus last_hidden_state [n, L, H] and, with a pooler,
+    pooled_output [n, H], float32. The last batch is padded to `batch_size` (one compilation)."""
+    config = pretrained.config
+    params = encoder_params(config, pretrained.params)
+    n = len(inputs["input_ids"])
+    sequences, pooled = [], []
+    for start in range(0, n, batch_size):
+        chunk = {k: v[start : start + batch_size] for k, v in inputs.items()}
+        rows = len(chunk["input_ids"])
+        chunk = {k: np.pad(v, ((0, batch_size - rows), (0, 0))) for k, v in chunk.items()}
+        seq, pool = encode_arrays(
+            config, params, chunk["input_ids"], chunk["attention_mask"], chunk["token_type_ids"]
+        )
+        sequences.append(np.asarray(seq)[:rows])
+        pooled.append(np.asarray(pool)[:rows])
+    out = {**inputs, "last_hidden_state": np.concatenate(sequences)}
+    if has_pooler(pretrained.params):
+        out["pooled_output"] = np.concatenate(pooled)
+    return out
+
+
+def read_lines(path: str) -> list[str]:
+    if not tf.io.gfile.exists(path):
+        raise EncodeError(f"--input '{path}' not found: pass a text file, one sentence (or A<TAB>B) per line")
+    with tf.io.gfile.GFile(path, "rb") as f:
+        try:
+            text = f.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise EncodeError(
+                f"{path}: not valid UTF-8 (byte offset {e.start}): re-encode it as UTF-8"
+            ) from None
+    lines = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+    if not lines:
+        raise EncodeError(f"{path}: no non-empty lines to encode")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.encode", description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True, help="pretraining or imported workdir")
+    parser.add_argument("--input", required=True, help="text file: one sentence or A<TAB>B per line")
+    parser.add_argument("--output", required=True, help="npz file to write")
+    parser.add_argument(
+        "--max_seq_length", type=int, default=None, help="default: 128, or the model's limit when lower"
+    )
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    args = parser.parse_args(argv)
+    try:
+        pretrained = workdir_lib.load_pretrained(args.workdir, args.step)
+        limit = pretrained.config.max_length
+        max_seq_length = min(128, limit) if args.max_seq_length is None else args.max_seq_length
+        if not 3 <= max_seq_length <= limit:
+            raise EncodeError(f"--max_seq_length={max_seq_length} is outside [3, {limit}] for this model")
+        inputs = build_inputs(pretrained.tokenizer, read_lines(args.input), max_seq_length)
+        out = encode(pretrained, inputs, args.batch_size)
+    except (EncodeError, workdir_lib.WorkdirError, tokenizers.TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    buffer = io.BytesIO()  # zipfile seeks, which a GFile opened for writing cannot
+    np.savez(buffer, **out)
+    with tf.io.gfile.GFile(args.output, "wb") as f:
+        f.write(buffer.getvalue())
+    n, length, hidden = out["last_hidden_state"].shape
+    print(f"wrote {args.output}: {n} rows, length {length}, hidden {hidden} ({', '.join(sorted(out))})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Fill-mask: the top-k tokens a workdir's MLM head predicts for each mask in a text.
+
+    python -m models.predict --workdir=W --text "Paris is the [MASK] of France." [--text ...] [--top_k=5]
+
+The mask is written as the tokenizer's mask token ("[MASK]" for WordPiece). The text
+between masks is tokenized on its own, since BERT's tokenizer would split "[MASK]" into
+"[", "mask", "]". Prints, per text, the text with each mask filled by its best token,
+then one line per mask: `mask K: token (probability) ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from data import tokenizers
+from models import encode as encode_lib
+from models.pretraining import PretrainingModel
+from pretrain import workdir as workdir_lib
+
+
+def masked_inputs(tokenizer: tokenizers.Tokenizer, text: str, max_seq_length: int) -> list[int]:
+    """`[CLS] ... [SEP]` ids of `text` with each written mask token as the mask id."""
+    mask = tokenizer.id_to_token(tokenizer.mask_id)
+    pieces = text.split(mask)
+    if len(pieces) == 1:
+        raise encode_lib.EncodeError(f"--text {text!r} has no {mask} token to fill")
+    ids = [tokenizer.cls_id]
+    for i, piece in enumerate(pieces):
+        if i:
+            ids.append(tokenizer.mask_id)
+        # The space before a mask belongs to the mask (RoBERTa's "<mask>" absorbs it), the
+        # space after it to the next word (byte-level BPE's "Ġword"); WordPiece ignores both.
+        if i + 1 < len(pieces):
+            piece = piece.rstrip()
+        ids += tokenizer.encode(piece.lstrip() if i == 0 else piece)
+    ids.append(tokenizer.sep_id)
+    if len(ids) > max_seq_length:
+        raise encode_lib.EncodeError(
+            f"--text {text[:40]!r}... is {len(ids)} tokens long; the model takes at most {max_seq_length}"
+        )
+    return ids
+
+
+def fill_mask(
+    pretrained: workdir_lib.Pretrained, texts: Sequence[str], top_k: int
+) -> list[list[list[tuple[str, float]]]]:
+    """For each text, for each mask in it: the top_k (token, probability) pairs, best first."""
+    config, tokenizer = pretrained.config, pretrained.tokenizer
+    if "mlm_head" not in pretrained.params:
+        raise encode_lib.EncodeError(
+            "the workdir has no MLM head (it was imported from a model without one, e.g. BertModel): "
+            "fill-mask needs it"
+        )
+    params = {
+        "encoder": encode_lib.encoder_params(config, pretrained.params),
+        "mlm_head": pretrained.params["mlm_head"],
+    }
+    model = PretrainingModel(config, sentence_objective=False)
+    results = []
+    for text in texts:
+        ids = masked_inputs(tokenizer, text, config.max_length)
+        positions = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
+        batch = {
+            "input_ids": np.asarray([ids], np.int32),
+            "input_mask": np.ones((1, len(ids)), np.int32),
+            "segment_ids": np.zeros((1, len(ids)), np.int32),
+            "masked_lm_positions": np.asarray([positions], np.int32),
+        }
+        logits = model.apply({"params": params}, batch, deterministic=True)["mlm_logits"][0]
+        probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+        best = np.argsort(-probs, axis=-1)[:, :top_k]
+        results.append(
+            [[(tokenizer.id_to_token(int(t)), float(p[t])) for t in row] for row, p in zip(best, probs)]
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.predict", description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True, help="pretraining or imported workdir")
+    parser.add_argument("--text", action="append", required=True, help="text with mask tokens (repeatable)")
+    parser.add_argument("--top_k", type=int, default=5)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    args = parser.parse_args(argv)
+    try:
+        if args.top_k < 1:
+            raise encode_lib.EncodeError(f"--top_k={args.top_k} must be >= 1")
+        pretrained = workdir_lib.load_pretrained(args.workdir, args.step)
+        results = fill_mask(pretrained, args.text, args.top_k)
+    except (encode_lib.EncodeError, workdir_lib.WorkdirError, tokenizers.TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    mask = pretrained.tokenizer.id_to_token(pretrained.tokenizer.mask_id)
+    for text, masks in zip(args.text, results):
+        pieces = text.split(mask)
+        filled = pieces[0] + "".join(f"[{m[0][0]}]{piece}" for m, piece in zip(masks, pieces[1:]))
+        print(filled)
+        for k, candidates in enumerate(masks, 1):
+            print(f"  mask {k}: " + "  ".join(f"{token} ({p:.3f})" for token, p in candidates))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
