@@ -8,6 +8,7 @@ import gin
 import pytest
 
 from data.pipeline import PipelineConfig
+from finetune import sweep, tasks  # registers Grid (configs/glue)
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params, count_params
 from pretrain import optim, trainer  # noqa: F401  (registers run)
@@ -53,3 +54,6 @@ def test_gin_file_parses_and_builds(path):
     if path.startswith(os.path.join("configs", "runs")):
         for name in ("steps", "batch_size", "model_config", "pipeline_config", "optimizer_fn"):
             gin.query_parameter(f"run.{name}")
+    if path.startswith(os.path.join("configs", "glue")):
+        for task in tasks.TASKS.values():  # every task's grid, per-task scopes included
+            assert sweep.task_grid(task).runs()

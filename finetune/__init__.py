@@ -1,0 +1,1 @@
+"""Fine-tuning stage: GLUE readers, heads, training loop, sweeps, metrics and submissions."""

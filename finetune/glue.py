@@ -1,0 +1,234 @@
+"""GLUE: fine-tune a pretrained workdir on the tasks, evaluate, write a leaderboard submission.
+
+    python -m finetune.glue --init_checkpoint=WORKDIR --tasks=all|cola,sst2,... \
+        (--glue_dir=DIR | --tfds) --workdir=OUT [--gin_file=configs/glue/bert.gin] \
+        [--gin_bindings='Grid.seeds=(0,1,2)'] [--mesh=data:4,fsdp:2,tensor:1]
+
+`--init_checkpoint` is a pretraining workdir (model_config.json, tokenizer/, checkpoints/;
+pretrain/workdir.py). Started again with the same `--workdir`, finished runs are read
+back, not trained again. Writes into OUT:
+
+    results.json      per task: dev metrics (medians over seeds of the chosen configuration),
+                      examples read, every configuration with its per-seed values
+    results.md        the table, with the GLUE score beside published BERT-base / RoBERTa-base
+    CoLA.tsv ... AX.tsv, submission.zip   the leaderboard files (AX from the MNLI model)
+    runs/<task>/<configuration>/seed_<s>/   one finished run each
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+log = logging.getLogger("finetune")
+
+_INIT = flags.DEFINE_string("init_checkpoint", None, "pretraining workdir to start from", required=True)
+_TASKS = flags.DEFINE_string("tasks", "all", "'all' (the nine tasks and AX) or e.g. 'cola,sst2,mnli,ax'")
+_GLUE_DIR = flags.DEFINE_string("glue_dir", None, "folder with the official GLUE task folders (CoLA/, ...)")
+_TFDS = flags.DEFINE_bool("tfds", False, "read TFDS glue/<task> instead of --glue_dir")
+_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "where runs, results and the submission go", required=True)
+_GIN_FILES = flags.DEFINE_multi_string("gin_file", ["configs/glue/bert.gin"], "gin files, applied in order")
+_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "e.g. 'Grid.seeds = (0, 1, 2)'")
+_MESH = flags.DEFINE_string(
+    "mesh", None, "e.g. 'data:4,fsdp:2,tensor:1' (one size may be -1); default: every device on 'data'"
+)
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"], "jax.distributed.initialize()")
+
+
+def run_glue(
+    init_checkpoint: str,
+    tasks_spec: str,
+    workdir: str,
+    *,
+    glue_dir: str | None = None,
+    use_tfds: bool = False,
+    tfds_data_dir: str | None = None,
+    mesh_spec: str | None = None,
+) -> dict[str, Any]:
+    """Fine-tunes and evaluates every task; writes the outputs; returns results.json's content."""
+    import gin
+    import jax
+    import tensorflow as tf
+
+    from finetune import metrics, submission, sweep, tasks, trainer
+    from pretrain import sharding
+    from pretrain import workdir as workdir_lib
+
+    if (glue_dir is None) == (not use_tfds):
+        raise tasks.GlueDataError("pass exactly one of --glue_dir=DIR (official TSV folders) and --tfds")
+    selected = tasks.parse_tasks(tasks_spec)
+    start = time.time()
+    pretrained = workdir_lib.load_pretrained(init_checkpoint)
+    mesh = sharding.make_mesh(mesh_spec)
+    rules = sharding.logical_axis_rules()
+    main_process = jax.process_index() == 0
+    if main_process:
+        tf.io.gfile.makedirs(workdir)
+
+    def read(task: tasks.Task) -> tasks.TaskData:
+        log.info("reading %s", task.name)
+        return tasks.read_tfds(task, tfds_data_dir) if use_tfds else tasks.read_glue_dir(glue_dir, task)
+
+    names = [t.name for t in selected]
+    diagnostic = read(tasks.TASKS["ax"]) if "ax" in names else None
+    results: dict[str, Any] = {}
+    submissions: list[str] = []
+    for task in selected:
+        if task.name == "ax":
+            continue  # predicted with the MNLI model below
+        data = read(task)
+        grid = sweep.task_grid(task)
+        config = dataclasses.replace(
+            pretrained.config, dropout_rate=grid.dropout_rate, attention_dropout_rate=grid.dropout_rate
+        )
+        test_sets = dict(data.test)
+        file_tasks = {stem: task for stem in data.test}
+        names_by_file = dict(zip(task.test_files, task.submission_names))
+        if task.name == "mnli" and diagnostic is not None:
+            ax = tasks.TASKS["ax"]
+            test_sets.update(diagnostic.test)
+            file_tasks.update({stem: ax for stem in diagnostic.test})
+            names_by_file.update(zip(ax.test_files, ax.submission_names))
+
+        features = functools.partial(
+            trainer.featurize, task=task, tokenizer=pretrained.tokenizer, max_seq_length=grid.max_seq_length
+        )
+        train = features(data.train)
+        dev = {stem: features(rows) for stem, rows in data.dev.items()}
+        test = {stem: features(rows) for stem, rows in test_sets.items()}
+        steps = trainer.TaskSteps(
+            config, task, grid.optimizer, grid.max_seq_length, mesh, rules, grid.classifier_dropout_rate
+        )
+        train_one = functools.partial(trainer.finetune, steps, pretrained.params, train, dev, test)
+        outcome = sweep.sweep(task, grid, workdir, train_one)
+
+        written = []
+        for stem, logits in outcome.test_logits.items():
+            name = names_by_file[stem]
+            labels = submission.prediction_labels(file_tasks[stem], logits)
+            if main_process:
+                submission.write_predictions(os.path.join(workdir, name), test_sets[stem], labels)
+            written.append(name)
+        submissions += written
+        chosen = outcome.chosen
+        results[task.name] = {
+            "metrics": chosen["dev_median"],
+            "score_median": chosen["glue_score_median"],
+            "score_mean": chosen["glue_score_mean"],
+            "train_examples": len(train),
+            "dev_examples": {stem: len(f) for stem, f in dev.items()},
+            "test_examples": {stem: len(f) for stem, f in test.items()},
+            "truncated": {
+                "train": train.truncated,
+                **{stem: f.truncated for stem, f in {**dev, **test}.items()},
+            },
+            "chosen": chosen,
+            "chosen_seed": outcome.chosen_seed,
+            "configurations": outcome.configurations,
+            "runs_trained": outcome.trained,
+            "runs_reused": outcome.reused,
+            "submission_files": written,
+            "grid": dataclasses.asdict(grid),
+        }
+        log.info(
+            "%s: chosen %s, dev score median %.4f (mean %.4f) over seeds %s",
+            task.name,
+            chosen["name"],
+            chosen["glue_score_median"],
+            chosen["glue_score_mean"],
+            chosen["seeds"],
+        )
+
+    glue = metrics.glue_score({name: entry["score_median"] for name, entry in results.items()})
+    complete = set(submission.SUBMISSION_FILES) <= set(submissions)
+    summary = {
+        "init_checkpoint": init_checkpoint,
+        "pretrained_step": pretrained.step,
+        "source": "tfds" if use_tfds else glue_dir,
+        "glue_score": glue,
+        "glue_score_tasks": list(results),
+        "tasks": results,
+        "submission_files": submissions,
+        "submission_complete": complete,
+        "wall_seconds": time.time() - start,
+    }
+    if main_process:
+        with tf.io.gfile.GFile(os.path.join(workdir, "results.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        with tf.io.gfile.GFile(os.path.join(workdir, "results.md"), "w") as f:
+            f.write(submission.markdown_table(summary))
+        with tf.io.gfile.GFile(os.path.join(workdir, "operative_config.gin"), "w") as f:
+            f.write(gin.operative_config_str())
+        if submissions:
+            ordered = [n for n in submission.SUBMISSION_FILES if n in submissions]
+            submission.zip_submission(workdir, ordered + [n for n in submissions if n not in ordered])
+        if not complete:
+            log.info(
+                "submission.zip holds %d of the %d leaderboard files (run --tasks=all for a full submission)",
+                len(submissions),
+                len(submission.SUBMISSION_FILES),
+            )
+    return summary
+
+
+@contextlib.contextmanager
+def _glue_errors():
+    """The fine-tuning side's user errors as one `error:` line (pretrain.cli covers the rest)."""
+    from finetune.model import PretrainedWeightsError
+    from finetune.tasks import GlueDataError
+    from finetune.trainer import FinetuneError
+    from pretrain.workdir import WorkdirError
+
+    try:
+        yield
+    except (GlueDataError, FinetuneError, PretrainedWeightsError, WorkdirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv):
+    del argv
+    import jax
+    import tensorflow as tf
+
+    from pretrain import cli, sharding
+
+    with cli.user_errors():
+        sharding.initialize_distributed(_DISTRIBUTED.value)
+    tf.config.set_visible_devices([], "GPU")  # TF only reads files here: keep it off the accelerators
+    cli.setup_logging(jax.process_index() == 0)
+    logging.getLogger("finetune").setLevel(logging.INFO)
+    with cli.user_errors(), _glue_errors():
+        import finetune.sweep  # noqa: F401  (registers Grid with gin)
+
+        cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
+        summary = run_glue(
+            _INIT.value,
+            _TASKS.value,
+            _WORKDIR.value,
+            glue_dir=_GLUE_DIR.value,
+            use_tfds=_TFDS.value,
+            tfds_data_dir=_TFDS_DATA_DIR.value,
+            mesh_spec=_MESH.value,
+        )
+    print(
+        f"done: GLUE score {100 * summary['glue_score']:.1f} over {', '.join(summary['glue_score_tasks'])}; "
+        f"{_WORKDIR.value}/results.md, results.json, submission.zip "
+        f"({len(summary['submission_files'])} files) in {summary['wall_seconds']:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,385 @@
+"""Fine-tuning one task with one hyperparameter setting: featurize, train, evaluate each epoch.
+
+As google-research/bert `run_classifier.py`: `[CLS] A [SEP] B [SEP]` (segment 0 for A,
+1 for B), the longer side truncated token by token (`_truncate_seq_pair`); AdamW
+(decoupled weight decay, none on LayerNorm and biases, clip 1.0), linear warmup over
+`warmup_ratio` of the steps then linear decay to 0; softmax cross-entropy, or squared
+error for the STS-B score. Dev is evaluated after every epoch; the epoch with the best
+score on the first dev file (the task's own metric) is kept and its test predictions
+are the run's.
+
+Deviations: the last batch of an epoch is padded with zero-weight rows instead of
+dropped (so small tasks see every example every epoch); the best epoch is kept (the
+original code evaluated only the final model).
+
+The step is compiled once per task (`TaskSteps`): the learning rate is an argument
+computed on the host, so every point of a grid reuses the same executable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from data.tokenizers import Tokenizer
+from finetune import metrics
+from finetune.model import ClassifierModel, load_encoder
+from finetune.tasks import Example, Task
+from models.encoder import EncoderConfig
+from pretrain import optim, sharding
+
+log = logging.getLogger("finetune")
+
+
+class FinetuneError(ValueError):
+    """A fine-tuning setting that cannot work (one line, user-facing)."""
+
+
+# ----------------------------------------------------------------------------- features
+
+
+@dataclasses.dataclass
+class Features:
+    """Model inputs of a list of examples.
+
+    input_ids, input_mask, segment_ids: [N, L] int32. labels: [N] int32 class ids,
+    float32 scores (regression) or zeros (test rows). truncated: rows cut to fit L.
+    """
+
+    input_ids: np.ndarray
+    input_mask: np.ndarray
+    segment_ids: np.ndarray
+    labels: np.ndarray
+    truncated: int
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
+    """BERT's `_truncate_seq_pair`: drop the last token of the longer side (B on ties) until it fits."""
+    a, b = list(a), list(b)
+    while len(a) + len(b) > max_tokens:
+        (a if len(a) > len(b) else b).pop()
+    return a, b
+
+
+def featurize(examples: Sequence[Example], task: Task, tokenizer: Tokenizer, max_seq_length: int) -> Features:
+    """Tokenizes and packs examples into fixed-length [N, max_seq_length] int32 arrays."""
+    kind = tokenizer.identity().get("kind")
+    if kind != "wordpiece":
+        # RoBERTa's byte-level BPE models take <s> A </s></s> B </s> without segment ids.
+        raise FinetuneError(
+            f"GLUE inputs for a {kind!r} tokenizer are not implemented: only BERT's WordPiece "
+            "[CLS] A [SEP] B [SEP] format is"
+        )
+    n = len(examples)
+    ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
+    mask = np.zeros((n, max_seq_length), np.int32)
+    segments = np.zeros((n, max_seq_length), np.int32)
+    labels = np.zeros(n, np.float32 if task.is_regression else np.int32)
+    texts_a = tokenizer.encode_batch([e.text_a for e in examples])
+    pair = n and examples[0].text_b is not None
+    texts_b = tokenizer.encode_batch([e.text_b for e in examples]) if pair else [[]] * n
+    truncated = 0
+    for i, (example, a, b) in enumerate(zip(examples, texts_a, texts_b)):
+        budget = max_seq_length - (3 if pair else 2)
+        a2, b2 = truncate_pair(a, b, budget)
+        truncated += (len(a2), len(b2)) != (len(a), len(b))
+        tokens = [tokenizer.cls_id, *a2, tokenizer.sep_id]
+        types = [0] * len(tokens)
+        if pair:
+            tokens += [*b2, tokenizer.sep_id]
+            types += [1] * (len(b2) + 1)
+        ids[i, : len(tokens)] = tokens
+        mask[i, : len(tokens)] = 1
+        segments[i, : len(tokens)] = types
+        if example.label is not None:
+            labels[i] = example.label
+    return Features(ids, mask, segments, labels, truncated)
+
+
+def batches(
+    features: Features, batch_size: int, order: np.ndarray | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """Global batches of `batch_size` rows in `order` (default: as stored); the last is padded
+    with zero-weight copies of row 0, so every row is used and every batch has one shape.
+
+    Yields: input_ids, input_mask, segment_ids [B, L] int32, labels [B], weights [B] float32.
+    Built one at a time, so an epoch of MNLI never sits in memory twice.
+    """
+    order = np.arange(len(features)) if order is None else order
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        weights = np.ones(batch_size, np.float32)
+        if len(rows) < batch_size:
+            weights[len(rows) :] = 0.0
+            rows = np.concatenate([rows, np.zeros(batch_size - len(rows), rows.dtype)])
+        yield {
+            "input_ids": features.input_ids[rows],
+            "input_mask": features.input_mask[rows],
+            "segment_ids": features.segment_ids[rows],
+            "labels": features.labels[rows],
+            "weights": weights,
+        }
+
+
+def _local_rows(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This host's contiguous slice of a global batch (every host builds the same global batch)."""
+    n = len(batch["weights"]) // jax.process_count()
+    start = jax.process_index() * n
+    return {k: v[start : start + n] for k, v in batch.items()}
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+@flax.struct.dataclass
+class State:
+    step: jax.Array  # [] int32
+    params: Any
+    opt_state: Any
+
+
+def _loss(logits: jax.Array, batch: Mapping[str, jax.Array], regression: bool) -> jax.Array:
+    """Weighted mean loss, float32: squared error of the score, or softmax cross-entropy."""
+    if regression:
+        per_row = jnp.square(logits[:, 0] - batch["labels"])
+    else:
+        per_row = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
+    weights = batch["weights"]
+    return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def train_step(state, batch, learning_rate, rng, *, model, optimizer, regression):
+    """One AdamW step; `learning_rate` [] float32 comes from the host (see module doc)."""
+
+    def loss_fn(params):
+        logits = model.apply(
+            {"params": params},
+            batch,
+            deterministic=False,
+            rngs={"dropout": jax.random.fold_in(rng, state.step)},
+        )
+        return _loss(logits, batch, regression)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    # optax.adamw's last stage (scale by -lr) with the lr as an argument: decoupled decay
+    # is then lr * weight_decay * param, as in optax.adamw and the original AdamW.
+    updates = jax.tree.map(lambda u: -learning_rate * u, updates)
+    params = optax.apply_updates(state.params, updates)
+    return State(step=state.step + 1, params=params, opt_state=opt_state), loss
+
+
+def predict_step(params, batch, *, model):
+    return model.apply({"params": params}, batch, deterministic=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """The parts of AdamW that stay fixed across a grid (BERT: b2 0.999; RoBERTa: 0.98)."""
+
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    clip_norm: float | None = 1.0
+
+
+class TaskSteps:
+    """The model of one task on a mesh, with its init, train and predict steps compiled once."""
+
+    def __init__(
+        self,
+        config: EncoderConfig,
+        task: Task,
+        optimizer_config: OptimizerConfig,
+        max_seq_length: int,
+        mesh: jax.sharding.Mesh,
+        rules: tuple,
+        classifier_dropout_rate: float = 0.1,
+    ):
+        if max_seq_length > config.max_position_embeddings:
+            raise FinetuneError(
+                f"max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+                f"{config.max_position_embeddings}: lower it in the glue gin file"
+            )
+        self.mesh, self.rules, self.task = mesh, rules, task
+        self.model = ClassifierModel(config, task.num_outputs, classifier_dropout_rate)
+        oc = optimizer_config
+        parts = [optax.clip_by_global_norm(oc.clip_norm)] if oc.clip_norm else []
+        parts += [
+            optax.scale_by_adam(b1=oc.b1, b2=oc.b2, eps=oc.eps),
+            optax.add_decayed_weights(oc.weight_decay, mask=optim.decay_mask),
+        ]
+        self.optimizer = optax.chain(*parts)
+        example = {
+            k: np.zeros((1, max_seq_length), np.int32) for k in ("input_ids", "input_mask", "segment_ids")
+        }
+
+        def init_boxed(rng):
+            params = self.model.init(rng, example, deterministic=True)["params"]
+            return State(step=jnp.zeros([], jnp.int32), params=params, opt_state=self.optimizer.init(params))
+
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            abstract = jax.eval_shape(init_boxed, jax.random.key(0))
+            self.shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
+        self._init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=self.shardings)
+        data = sharding.batch_sharding(mesh)
+        self.train_step = jax.jit(
+            functools.partial(
+                train_step, model=self.model, optimizer=self.optimizer, regression=task.is_regression
+            ),
+            in_shardings=(self.shardings, data, None, None),
+            out_shardings=(self.shardings, None),
+            donate_argnums=0,
+        )
+        self.predict_step = jax.jit(
+            functools.partial(predict_step, model=self.model),
+            in_shardings=(self.shardings.params, data),
+            # Replicated, so that every host gets every row's prediction.
+            out_shardings=NamedSharding(mesh, PartitionSpec()),
+        )
+
+    def init(self, seed: int, pretrained_params: Mapping[str, Any]) -> State:
+        """A fresh state: new head from `seed`, encoder from pretraining, zero Adam moments."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            state = self._init(jax.random.key(seed))
+            params = load_encoder(state.params, pretrained_params, self.shardings.params)
+        return state.replace(params=params)
+
+    def predict(self, params, features: Features, batch_size: int) -> np.ndarray:
+        """[N, num_outputs] float32 logits for every row of `features`."""
+        outputs = []
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            for batch in batches(features, batch_size):
+                inputs = sharding.global_batch(_local_rows(batch), self.mesh)
+                outputs.append(np.asarray(jax.device_get(self.predict_step(params, inputs))))
+        return np.concatenate(outputs)[: len(features)]
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One point of a grid: peak learning rate, global batch size, epochs, seed."""
+
+    learning_rate: float
+    batch_size: int
+    num_epochs: int
+    seed: int
+    warmup_ratio: float = 0.1
+
+    @property
+    def name(self) -> str:
+        return f"lr{self.learning_rate:g}_bs{self.batch_size}_ep{self.num_epochs}"
+
+
+def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int) -> float:
+    """`pretrain.optim.warmup_linear_decay` in Python floats (the step takes it as an argument)."""
+    if step < warmup_steps:
+        return peak * step / max(warmup_steps, 1)
+    return peak * max(0.0, 1.0 - step / max(total_steps, 1))
+
+
+def decode_predictions(task: Task, logits: np.ndarray) -> np.ndarray:
+    """[N, C] logits -> [N] class ids, or [N] float scores for regression."""
+    return logits[:, 0] if task.is_regression else np.argmax(logits, axis=-1)
+
+
+def evaluate(task: Task, logits: np.ndarray, features: Features) -> dict[str, float]:
+    return metrics.compute(task.metrics, decode_predictions(task, logits), features.labels)
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one run gives.
+
+    epochs: per epoch {epoch, train_loss, dev: {file: {metric: value}}, score}.
+    best_epoch: 1-based; dev: the dev metrics at that epoch; score: its selection score
+    (the task's metric mean on the first dev file).
+    test_logits: {test file: [N, C] float32} at the best epoch.
+    """
+
+    epochs: list[dict[str, Any]]
+    best_epoch: int
+    dev: dict[str, dict[str, float]]
+    score: float
+    test_logits: dict[str, np.ndarray]
+    seconds: float
+
+
+def finetune(
+    steps: TaskSteps,
+    pretrained_params: Mapping[str, Any],
+    train: Features,
+    dev: Mapping[str, Features],
+    test: Mapping[str, Features],
+    run: RunConfig,
+) -> RunResult:
+    """Trains `run.num_epochs` epochs from the pretrained encoder; dev after every epoch."""
+    start = time.time()
+    if not len(train):
+        raise FinetuneError(f"task {steps.task.name} has no training examples")
+    sharding.check_batch_size(run.batch_size, steps.mesh, jax.process_count())
+    steps_per_epoch = math.ceil(len(train) / run.batch_size)
+    total = steps_per_epoch * run.num_epochs
+    warmup = int(total * run.warmup_ratio)
+    state = steps.init(run.seed, pretrained_params)
+    rng = jax.random.key(run.seed + 1)
+    shuffle = np.random.default_rng(run.seed)
+    history: list[dict[str, Any]] = []
+    best: tuple[float, int, dict, dict] | None = None
+    step = 0
+    for epoch in range(1, run.num_epochs + 1):
+        losses = []
+        with jax.set_mesh(steps.mesh), nn.logical_axis_rules(steps.rules):
+            for batch in batches(train, run.batch_size, shuffle.permutation(len(train))):
+                lr = np.float32(learning_rate(step, run.learning_rate, warmup, total))
+                inputs = sharding.global_batch(_local_rows(batch), steps.mesh)
+                state, loss = steps.train_step(state, inputs, lr, rng)
+                losses.append(loss)
+                step += 1
+        train_loss = float(np.mean(jax.device_get(losses)))
+        if not np.isfinite(train_loss):
+            raise FinetuneError(
+                f"{steps.task.name} {run.name} seed {run.seed}: non-finite training loss in epoch {epoch}: "
+                "lower the learning rate"
+            )
+        dev_values = {
+            name: evaluate(steps.task, steps.predict(state.params, features, run.batch_size), features)
+            for name, features in dev.items()
+        }
+        score = metrics.task_score(dev_values[steps.task.dev_files[0]], steps.task.metrics)
+        history.append({"epoch": epoch, "train_loss": train_loss, "dev": dev_values, "score": score})
+        log.info(
+            "%s %s seed %d epoch %d/%d: train loss %.4f  dev %s",
+            steps.task.name,
+            run.name,
+            run.seed,
+            epoch,
+            run.num_epochs,
+            train_loss,
+            "  ".join(f"{f}:{m}={v:.4f}" for f, vals in dev_values.items() for m, v in vals.items()),
+        )
+        if best is None or score > best[0]:
+            # Predict the test files now rather than keep a copy of the parameters.
+            test_logits = {name: steps.predict(state.params, f, run.batch_size) for name, f in test.items()}
+            best = (score, epoch, dev_values, test_logits)
+    score, best_epoch, dev_values, test_logits = best
+    return RunResult(history, best_epoch, dev_values, score, test_logits, time.time() - start)

@@ -1,0 +1,181 @@
+"""Fine-tuning: a tiny random model learns a synthetic pair task; pretrained weights are
+loaded (pooler included); sweeps choose by the median and resume without redoing runs."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from data import tokenizers
+from finetune import sweep, trainer
+from finetune.model import PretrainedWeightsError
+from finetune.tasks import TASKS, Example
+from models.encoder import EncoderConfig
+from models.pretraining import PretrainingModel, example_batch
+from pretrain import sharding
+
+KEY = "red"
+WORDS = ["green", "blue", "yellow", "cat", "dog", "bird", "fish", "tree", "rock", "house", "road", "lamp"]
+LENGTH = 16
+
+
+def pair_examples(n: int, seed: int, regression: bool = False) -> list[Example]:
+    """Label: does sentence B contain the key word? A holds it half the time as a distractor,
+    so the model must tell the segments apart (a pair task, not a bag of words)."""
+    rng = np.random.default_rng(seed)
+    examples = []
+    for i in range(n):
+        positive = i % 2 == 0
+        a, b = list(rng.choice(WORDS, 5)), list(rng.choice(WORDS, 5))
+        if rng.random() < 0.5:
+            a[rng.integers(5)] = KEY
+        if positive:
+            b[rng.integers(5)] = KEY
+        label = (4.0 if positive else 1.0) if regression else (0 if positive else 1)  # RTE: 0 = entailment
+        examples.append(Example(f"synthetic:{i}", str(i), " ".join(a), " ".join(b), label))
+    return examples
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model()
+
+
+def tiny_model():
+    """A WordPiece vocab of the words, a 2-layer hidden-32 config and its random "pretrained" params."""
+    tokenizer = tokenizers.train_wordpiece([[" ".join([KEY, *WORDS])] * 3], 100)
+    config = EncoderConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=LENGTH,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+    )
+    model = PretrainingModel(config)
+    params = nn.meta.unbox(
+        model.init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)["params"]
+    )
+    return tokenizer, config, jax.device_get(params)
+
+
+def _steps(config, task, mesh_spec=None):
+    return trainer.TaskSteps(
+        config,
+        task,
+        trainer.OptimizerConfig(weight_decay=0.0),
+        LENGTH,
+        sharding.make_mesh(mesh_spec),
+        sharding.logical_axis_rules(),
+        classifier_dropout_rate=0.0,
+    )
+
+
+def test_tiny_random_model_learns_a_pair_task(tiny):
+    tokenizer, config, params = tiny
+    task = TASKS["rte"]
+    train = trainer.featurize(pair_examples(1024, 0), task, tokenizer, LENGTH)
+    dev = trainer.featurize(pair_examples(256, 1), task, tokenizer, LENGTH)
+    result = trainer.finetune(
+        _steps(config, task, "data:4,fsdp:2"),
+        params,
+        train,
+        {"dev": dev},
+        {"test": dev},
+        # A random-init model sits on a plateau for an epoch or two, then learns the task.
+        trainer.RunConfig(learning_rate=2e-3, batch_size=32, num_epochs=4, seed=0),
+    )
+    assert result.dev["dev"]["accuracy"] > 0.9, result.epochs
+    assert result.score == max(e["score"] for e in result.epochs)  # the best epoch is kept
+    assert result.test_logits["test"].shape == (256, 2)
+
+
+def test_regression_head_learns_scores(tiny):
+    tokenizer, config, params = tiny
+    task = TASKS["stsb"]
+    train = trainer.featurize(pair_examples(1024, 2, regression=True), task, tokenizer, LENGTH)
+    dev = trainer.featurize(pair_examples(256, 3, regression=True), task, tokenizer, LENGTH)
+    result = trainer.finetune(
+        _steps(config, task), params, train, {"dev": dev}, {}, trainer.RunConfig(5e-3, 32, 4, seed=0)
+    )
+    assert result.dev["dev"]["pearson"] > 0.9, result.epochs
+    assert result.test_logits == {}
+
+
+def test_pretrained_encoder_and_pooler_are_loaded(tiny):
+    tokenizer, config, params = tiny
+    steps = _steps(config, TASKS["mnli"])
+    state = steps.init(0, params)
+    loaded = jax.device_get(state.params)
+    for path, value in jax.tree_util.tree_leaves_with_path(params["encoder"]):
+        got = loaded["encoder"]
+        for key in path:
+            got = got[key.key]
+        np.testing.assert_array_equal(got, value)
+    assert loaded["classifier"]["kernel"].shape == (config.hidden_size, 3)
+    other = jax.device_get(steps.init(1, params).params)
+    assert not np.array_equal(other["classifier"]["kernel"], loaded["classifier"]["kernel"])
+
+    without_pooler = {"encoder": {k: v for k, v in params["encoder"].items() if k != "pooler"}}
+    fresh = jax.device_get(steps.init(5, without_pooler).params)  # not the pretraining init seed
+    assert not np.array_equal(fresh["encoder"]["pooler"]["kernel"], params["encoder"]["pooler"]["kernel"])
+    without_layer = {"encoder": {k: v for k, v in params["encoder"].items() if k != "layer_1"}}
+    with pytest.raises(PretrainedWeightsError, match="no encoder parameter layer_1/"):
+        steps.init(0, without_layer)
+
+
+def _fake_result(score: float) -> trainer.RunResult:
+    dev = {"dev": {"accuracy": score}}
+    return trainer.RunResult(
+        [{"epoch": 1, "dev": dev, "score": score}], 1, dev, score, {"test": np.zeros((2, 2))}, 0.0
+    )
+
+
+def test_sweep_chooses_by_median_over_seeds(tmp_path):
+    # lr 1e-5: one lucky seed (mean 0.37, median 0.1); lr 2e-5: steady (mean 0.4, median 0.5).
+    scores = {(1e-5, 0): 0.9, (1e-5, 1): 0.1, (1e-5, 2): 0.1, (2e-5, 0): 0.5, (2e-5, 1): 0.5, (2e-5, 2): 0.2}
+    grid = sweep.Grid(learning_rates=(1e-5, 2e-5), batch_sizes=(32,), num_epochs=(3,), seeds=(0, 1, 2))
+    result = sweep.sweep(
+        TASKS["rte"], grid, str(tmp_path), lambda run: _fake_result(scores[(run.learning_rate, run.seed)])
+    )
+    assert result.chosen["learning_rate"] == 2e-5 and result.chosen["score_median"] == 0.5
+    assert result.chosen["score_mean"] == pytest.approx(0.4) and result.chosen_seed in (0, 1)
+    assert result.chosen["dev_median"] == {"dev": {"accuracy": 0.5}}
+    assert [c["name"] for c in result.configurations] == ["lr1e-05_bs32_ep3", "lr2e-05_bs32_ep3"]
+
+
+def test_half_finished_sweep_resumes_without_redoing_runs(tiny, tmp_path):
+    tokenizer, config, params = tiny
+    task = TASKS["rte"]
+    train = trainer.featurize(pair_examples(128, 0), task, tokenizer, LENGTH)
+    dev = trainer.featurize(pair_examples(64, 1), task, tokenizer, LENGTH)
+    steps = _steps(config, task)
+    trained = []
+
+    def train_one(run):
+        trained.append((run.learning_rate, run.seed))
+        return trainer.finetune(steps, params, train, {"dev": dev}, {"test": dev}, run)
+
+    grid = sweep.Grid(learning_rates=(1e-3, 3e-3), batch_sizes=(32,), num_epochs=(1,), seeds=(0, 1))
+    first = sweep.sweep(task, grid, str(tmp_path), train_one)
+    assert (first.trained, first.reused, len(trained)) == (4, 0, 4)
+
+    # Stop "half way": two runs lose their result (one keeps its logits, as if killed while saving).
+    for run in grid.runs()[2:]:
+        directory = sweep.run_dir(str(tmp_path), task, run)
+        os.remove(os.path.join(directory, "result.json"))
+    os.remove(os.path.join(sweep.run_dir(str(tmp_path), task, grid.runs()[3]), "test_logits.npz"))
+    trained.clear()
+    second = sweep.sweep(task, grid, str(tmp_path), train_one)
+    assert (second.trained, second.reused) == (2, 2)
+    assert trained == [(3e-3, 0), (3e-3, 1)]  # only the unfinished runs trained again
+    assert second.configurations[0] == first.configurations[0]  # read back unchanged
+    with open(os.path.join(sweep.run_dir(str(tmp_path), task, grid.runs()[0]), "result.json")) as f:
+        assert json.load(f)["run"]["learning_rate"] == 1e-3
+    third = sweep.sweep(task, grid, str(tmp_path), train_one)
+    assert (third.trained, third.reused) == (0, 4)
