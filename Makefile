@@ -6,7 +6,7 @@ WORKDIR ?= workdirs/demo
 # 8 fake CPU devices so sharding tests see a mesh; harmless for the demo (it uses them all).
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: demo test install lint clean-demo
+.PHONY: demo demo-glue test install lint clean-demo bench bench-peer-venv
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,34 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pretrain.demo --workdir=$(WORKDIR)
 
+# GLUE end to end, offline: fine-tune the demo's pretrained model on a GLUE-format task made
+# from the embedded corpus. Runs `make demo`'s pretraining first when it has not finished
+# (a shorter one leaves the model at chance on the task).
+demo-glue: $(VENV)/.installed
+	test -f $(WORKDIR)/run/summary.json || TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pretrain.demo --workdir=$(WORKDIR)
+	$(PY) -m finetune.demo_task --output=$(WORKDIR)/glue_data
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m finetune.glue --init_checkpoint=$(WORKDIR)/run --tasks=word_order \
+		--glue_dir=$(WORKDIR)/glue_data --workdir=$(WORKDIR)/glue --gin_file=configs/glue/demo.gin
+	cat $(WORKDIR)/glue/results.md
+
 test: $(VENV)/.installed
 	$(TEST_ENV) $(PY) -m pytest -q
+
+# The speed peer, HF transformers' Flax BERT, in its own venv (never in requirements.txt):
+# transformers 4.57.6 is the last release with Flax models; jax/flax/optax as ours.
+PEER_VENV ?= .venv-peer
+$(PEER_VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEER_VENV)/bin/pip install --quiet transformers==4.57.6 $$(grep -E '^(jax|flax|optax|numpy)==' requirements.txt)
+	touch $@
+
+bench-peer-venv: $(PEER_VENV)/.installed
+
+# Ours vs the peer, BERT-base, batch 32 x 128, float32 and bf16 compute, side by side.
+BENCH_ARGS ?= --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 --steps=5
+bench: $(VENV)/.installed $(PEER_VENV)/.installed
+	$(PY) -m bench.compare $(BENCH_ARGS) --peer_python=$(PEER_VENV)/bin/python
 
 clean-demo:
 	rm -rf $(WORKDIR)

@@ -82,7 +82,8 @@ def main(argv):
             print(
                 f"| {dtype} | {result['name']} | {result['tokens_per_second']:.0f} | "
                 f"{result['model_tflops_per_second']:.3f} | {result['mfu']:.1%} of "
-                f"{result['peak_tflops_per_second']:.3f} | {result['peak_memory_bytes'] / 1e9:.2f} | {shown} |"
+                f"{result['peak_tflops_per_second']:.3f} | "
+                f"{result['peak_memory_bytes'] / 1e9:.2f} | {shown} |"
             )
     consumed = max(ours["tokens_per_second"] for _, ours, _ in rows)
     print(
