@@ -122,6 +122,45 @@ class Tokenizer(typing.Protocol):
         """Writes the files `load_tokenizer(directory)` reads back."""
 
 
+def truncate_seq_pair(a: list[int], b: list[int], max_tokens: int) -> bool:
+    """google-research/bert's `_truncate_seq_pair`, in place: drop the last token of the
+    longer side (B on ties) until len(a) + len(b) <= max_tokens. Returns whether it cut."""
+    cut = len(a) + len(b) > max_tokens
+    while len(a) + len(b) > max_tokens:
+        (a if len(a) > len(b) else b).pop()
+    return cut
+
+
+def pair_inputs(
+    tokenizer: Tokenizer, a: Sequence[int], b: Sequence[int] | None, max_seq_length: int
+) -> tuple[list[int], list[int], bool]:
+    """One model input row (unpadded) for a text's ids, or a pair's, as fine-tuning and
+    feature extraction feed it, in the tokenizer's `pair_format`:
+
+        "bert"     [CLS] A [SEP] B [SEP]      segment ids 0 ... 0 1 ... 1
+        "roberta"  <s> A </s></s> B </s>      segment ids all 0
+
+    A single text is `[CLS] A [SEP]` (`<s> A </s>`). Returns (ids, segment_ids, truncated):
+    the pair is cut to fit max_seq_length by `truncate_seq_pair`.
+    """
+    roberta = tokenizer.pair_format == "roberta"
+    separator = [tokenizer.sep_id] * (2 if roberta else 1) if b is not None else []
+    a, b = list(a), list(b or [])
+    truncated = truncate_seq_pair(a, b, max_seq_length - 2 - len(separator))
+    ids = [tokenizer.cls_id, *a]
+    segments = [0] * len(ids)
+    if separator:
+        ids += separator
+        segments += [0] * len(separator)
+        second = [*b, tokenizer.sep_id]
+        ids += second
+        segments += [0 if roberta else 1] * len(second)
+    else:
+        ids.append(tokenizer.sep_id)
+        segments.append(0)
+    return ids, segments, truncated
+
+
 class WordPieceTokenizer:
     """BERT's WordPiece tokenizer (see the module docstring). Implements `Tokenizer` with
     `pair_format` "bert"."""

@@ -34,6 +34,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from data import tokenizers
 from data.tokenizers import Tokenizer
 from finetune import metrics
 from finetune.model import ClassifierModel, load_encoder
@@ -69,23 +70,10 @@ class Features:
         return len(self.labels)
 
 
-def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
-    """BERT's `_truncate_seq_pair`: drop the last token of the longer side (B on ties) until it fits."""
-    a, b = list(a), list(b)
-    while len(a) + len(b) > max_tokens:
-        (a if len(a) > len(b) else b).pop()
-    return a, b
-
-
 def featurize(examples: Sequence[Example], task: Task, tokenizer: Tokenizer, max_seq_length: int) -> Features:
-    """Tokenizes and packs examples into fixed-length [N, max_seq_length] int32 arrays."""
-    kind = tokenizer.identity().get("kind")
-    if kind != "wordpiece":
-        # RoBERTa's byte-level BPE models take <s> A </s></s> B </s> without segment ids.
-        raise FinetuneError(
-            f"GLUE inputs for a {kind!r} tokenizer are not implemented: only BERT's WordPiece "
-            "[CLS] A [SEP] B [SEP] format is"
-        )
+    """Tokenizes and packs examples into fixed-length [N, max_seq_length] int32 arrays, in
+    the tokenizer's pair format (`tokenizers.pair_inputs`: BERT's `[CLS] A [SEP] B [SEP]`,
+    RoBERTa's `<s> A </s></s> B </s>`)."""
     n = len(examples)
     ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
     mask = np.zeros((n, max_seq_length), np.int32)
@@ -93,17 +81,11 @@ def featurize(examples: Sequence[Example], task: Task, tokenizer: Tokenizer, max
     labels = np.zeros(n, np.float32 if task.is_regression else np.int32)
     texts_a = tokenizer.encode_batch([e.text_a for e in examples])
     pair = n and examples[0].text_b is not None
-    texts_b = tokenizer.encode_batch([e.text_b for e in examples]) if pair else [[]] * n
+    texts_b = tokenizer.encode_batch([e.text_b for e in examples]) if pair else [None] * n
     truncated = 0
     for i, (example, a, b) in enumerate(zip(examples, texts_a, texts_b)):
-        budget = max_seq_length - (3 if pair else 2)
-        a2, b2 = truncate_pair(a, b, budget)
-        truncated += (len(a2), len(b2)) != (len(a), len(b))
-        tokens = [tokenizer.cls_id, *a2, tokenizer.sep_id]
-        types = [0] * len(tokens)
-        if pair:
-            tokens += [*b2, tokenizer.sep_id]
-            types += [1] * (len(b2) + 1)
+        tokens, types, cut = tokenizers.pair_inputs(tokenizer, a, b, max_seq_length)
+        truncated += cut
         ids[i, : len(tokens)] = tokens
         mask[i, : len(tokens)] = 1
         segments[i, : len(tokens)] = types

@@ -62,41 +62,24 @@ def encode_arrays(
     return out.sequence_output.astype(jnp.float32), out.pooled_output.astype(jnp.float32)
 
 
-def truncate_seq_pair(a: list[int], b: list[int], max_tokens: int) -> None:
-    """google-research/bert's truncate_seq_pair: drop the last token of the longer side until both fit."""
-    while len(a) + len(b) > max_tokens:
-        (a if len(a) > len(b) else b).pop()
-
-
 def build_inputs(
     tokenizer: tokenizers.Tokenizer, texts: Sequence[str], max_seq_length: int
 ) -> dict[str, np.ndarray]:
     """Model inputs for lines of text ("A" or "A<TAB>B"): input_ids, attention_mask,
     token_type_ids [n, L] int32, L = the longest row (<= max_seq_length), in the
-    tokenizer's `pair_format`."""
-    one_type = tokenizer.pair_format == "roberta"
-    rows, segments = [], []
+    tokenizer's `pair_format` (`tokenizers.pair_inputs`)."""
+    rows = []
     for line in texts:
-        a_text, sep, b_text = line.partition("\t")
-        a = tokenizer.encode(a_text)
-        b = tokenizer.encode(b_text) if sep else []
-        specials = (4 if one_type else 3) if sep else 2
-        truncate_seq_pair(a, b, max_seq_length - specials)
-        ids = [tokenizer.cls_id, *a, tokenizer.sep_id]
-        segment = [0] * len(ids)
-        if sep:
-            second = [tokenizer.sep_id, *b, tokenizer.sep_id] if one_type else [*b, tokenizer.sep_id]
-            ids += second
-            segment += [0 if one_type else 1] * len(second)
-        rows.append(ids)
-        segments.append(segment)
-    length = max(len(r) for r in rows)
+        a_text, tab, b_text = line.partition("\t")
+        b = tokenizer.encode(b_text) if tab else None
+        rows.append(tokenizers.pair_inputs(tokenizer, tokenizer.encode(a_text), b, max_seq_length)[:2])
+    length = max(len(ids) for ids, _ in rows)
     out = {
         "input_ids": np.full((len(rows), length), tokenizer.pad_id, np.int32),
         "attention_mask": np.zeros((len(rows), length), np.int32),
         "token_type_ids": np.zeros((len(rows), length), np.int32),
     }
-    for i, (ids, segment) in enumerate(zip(rows, segments)):
+    for i, (ids, segment) in enumerate(rows):
         out["input_ids"][i, : len(ids)] = ids
         out["attention_mask"][i, : len(ids)] = 1
         out["token_type_ids"][i, : len(ids)] = segment

@@ -4,7 +4,7 @@
         --data_dir=SHARDS [--gin_file=configs/runs/demo.gin] [--steps=N] [--gin_bindings=...]
 
 A grid is a folder of gin files, one per arm, each holding only what the arm changes
-(e.g. `run.sentence_objective = False`). Every arm trains with `pretrain.train` in its
+(e.g. `PipelineConfig.sentence_objective = 'sop'`). Every arm trains with `pretrain.train` in its
 own process on `--gin_file` (the shared base run, default the demo run) + the arm file +
 `run.data_dir`, `EncoderConfig.vocab_size` (from the shards' manifest) and `run.steps`,
 with the base run's seeds, into DIR/<arm>. An arm
@@ -12,9 +12,9 @@ whose summary.json shows it finished is skipped, and an interrupted one resumes,
 running the command again completes a grid. Arms must see the same number of training
 tokens (batch_size x max_seq_length x steps): a grid whose arms differ is refused.
 
-Writes DIR/results.md (one row per arm: final held-out loss, MLM accuracy, sentence
-accuracy, tokens/s, steps) and DIR/eval_curves.png (held-out MLM accuracy and loss vs
-step for every arm).
+Writes DIR/results.md (one row per arm: final held-out MLM loss, MLM accuracy, sentence
+accuracy on the arm's own sentence task, tokens/s) and DIR/eval_curves.png (held-out MLM
+accuracy and loss vs step for every arm).
 """
 
 from __future__ import annotations
@@ -105,12 +105,13 @@ def write_results(directory: str, grid: str, summaries: dict[str, dict], steps: 
     lines = [
         f"Grid `{grid}`, {steps} steps per arm, same data, seed and tokens per arm.",
         "",
-        "| arm | held-out loss | MLM accuracy | sentence accuracy | tokens/s |",
+        "| arm | held-out MLM loss | MLM accuracy | sentence accuracy | tokens/s |",
         "|---|---|---|---|---|",
     ]
     for name, s in summaries.items():
         lines.append(
-            f"| {name} | {fmt(s['loss'])} | {fmt(s['mlm_accuracy'])} | {fmt(s.get('sentence_accuracy'))} "
+            f"| {name} | {fmt(s['eval']['mlm_loss'])} | {fmt(s['mlm_accuracy'])} "
+            f"| {fmt(s.get('sentence_accuracy'))} "
             f"| {fmt(s.get('tokens_per_second'), '{:.0f}')} |"
         )
     table = "\n".join(lines) + "\n"

@@ -299,7 +299,6 @@ def run(
     batch_size: int = 256,
     microbatches: int = 1,
     optimizer_fn: Callable = optim.adamw,
-    sentence_objective: bool = True,
     seed: int = 0,
     log_every: int = 100,
     eval_every: int = 1000,
@@ -317,13 +316,13 @@ def run(
     Args:
       workdir: checkpoints, metrics, TensorBoard, operative config and summary go here.
       data_dir: output of `data.preprocess` (manifest.json + shards).
-      model_config, pipeline_config: the model and the instance/masking recipe.
+      model_config, pipeline_config: the model and the instance/masking recipe; the 2-way
+        sentence head (NSP or SOP) is trained iff pipeline_config.sentence_objective != "none".
       steps: total optimizer steps (the schedule decays to 0 there).
       batch_size: global batch (rows over all hosts).
       microbatches: gradient accumulation: the step runs k slices of the global batch
         in a scan and applies one update (RoBERTa's 8k / ALBERT's 4096 on few devices).
       optimizer_fn: `f(total_steps) -> (optax transformation, schedule)`, e.g. optim.adamw.
-      sentence_objective: train the NSP head (False: MLM only).
       seed: parameter init and dropout seed (the data seed is in pipeline_config).
       log_every, eval_every, checkpoint_every: cadences in steps (and always at the end).
       eval_batches: held-out batches (of batch_size rows) per evaluation.
@@ -379,7 +378,7 @@ def run(
         mesh,
         rules,
         seed,
-        sentence_objective,
+        phases.sentence_objective,
         microbatches,
         skip_nonfinite=max_skipped_steps > 0,
     )
@@ -530,6 +529,15 @@ class _Phases:
         self._configs = [first] if second is None else [first, second]
         self._start = phase2_start
         self._model_config = model_config
+        objectives = {config.sentence_objective for config in self._configs}
+        if len(objectives) > 1:
+            raise TrainError(
+                f"phase 1 trains sentence_objective '{first.sentence_objective}' and phase 2 "
+                f"'{second.sentence_objective}': bind PipelineConfig.sentence_objective for both"
+            )
+        # The sentence head (NSP or SOP: both 2-way on the pooled [CLS]) exists iff the
+        # pipeline makes sentence labels: one setting, so model and data cannot disagree.
+        self.sentence_objective = first.sentence_objective != "none"
         for config in self._configs:
             if config.max_seq_length > model_config.max_length:
                 offset = model_config.position_offset  # RoBERTa's positions start at 2

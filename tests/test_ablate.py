@@ -39,8 +39,8 @@ run.eval_batches = 1
 """)
     grid = base / "grid"
     grid.mkdir()
-    (grid / "nsp.gin").write_text("run.sentence_objective = True\n")
-    (grid / "none.gin").write_text("run.sentence_objective = False\n")
+    (grid / "nsp.gin").write_text("PipelineConfig.sentence_objective = 'nsp'\n")
+    (grid / "none.gin").write_text("PipelineConfig.sentence_objective = 'none'\n")
     return data_dir, base_gin, grid
 
 

@@ -15,6 +15,7 @@ import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec
 
+from data.pipeline import PipelineConfig
 from models import axes
 from models.encoder import Encoder, EncoderConfig
 from models.pretraining import PretrainingModel, abstract_params, count_params, flops_per_sequence
@@ -403,14 +404,17 @@ def test_albert_recipe():
         optimizer_name = gin.query_parameter("run.optimizer_fn").selector
         steps = gin.query_parameter("run.steps")
         _, schedule = optim.lamb(total_steps=steps)  # with the recipe's bindings
-        run = {name: gin.query_parameter(f"run.{name}") for name in ("batch_size", "sentence_objective")}
+        batch_size = gin.query_parameter("run.batch_size")
+        data = PipelineConfig()
         lamb = {name: gin.query_parameter(f"lamb.{name}") for name in ("weight_decay", "clip_norm")}
     finally:
         gin.clear_config()
     assert (config.embedding_size, config.sharing, config.hidden_size) == (128, "all", 768)
     assert (config.dropout_rate, config.attention_dropout_rate, config.hidden_act) == (0.0, 0.0, "gelu_tanh")
     assert optimizer_name == "lamb" and lamb == {"weight_decay": 0.01, "clip_norm": 1.0}
-    assert (steps, run["batch_size"], run["sentence_objective"]) == (125000, 4096, True)
+    assert (steps, batch_size) == (125000, 4096)
+    assert (data.format, data.sentence_objective, data.masking_unit) == ("segment_pair", "sop", "ngram")
+    assert (data.max_seq_length, data.max_predictions_per_seq, data.short_seq_prob) == (512, 80, 0.1)
     # Published: lr 0.00176 reached at step 3125 after a linear warmup, then linear decay to 0.
     assert float(schedule(1000)) == pytest.approx(0.00176 * 1000 / 3125)
     assert float(schedule(3125)) == pytest.approx(0.00176 * (1 - 3125 / 125000))

@@ -302,6 +302,20 @@ def test_sharded_safetensors_and_torch_bin_read_the_same(bert, tmp_path):
             np.testing.assert_array_equal(got[key], want[key], err_msg=f"{directory.name}: {'/'.join(key)}")
 
 
+def test_torch_bin_without_torch_is_one_line(bert, tmp_path, monkeypatch):
+    """Only pytorch_model.bin and no torch installed: a one-line error saying how to fix it."""
+    model, hf_dir, _, _ = bert
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    (binary / "config.json").write_text(open(os.path.join(hf_dir, "config.json")).read())
+    torch.save(model.state_dict(), binary / "pytorch_model.bin")
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(
+        convert.ConversionError, match=r"has only pytorch_model.bin, which needs torch to read"
+    ):
+        convert.read_hf_weights(str(binary), "hf:binary")
+
+
 def _save_tf1(variables: dict[str, np.ndarray], directory: str) -> None:
     """Writes `variables` (plus global_step) with a TF1 Saver, as model.ckpt-7."""
     os.makedirs(directory)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from data.pipeline import PipelineConfig
 from models import axes
 from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
 from models.pretraining import PretrainingModel, abstract_params, count_params, flops_per_sequence
@@ -274,10 +275,10 @@ def test_roberta_recipe(monkeypatch, size, learning_rate, warmup):
             [f"configs/models/roberta_{size}.gin", f"configs/recipes/{recipe}"], [], skip_unknown=False
         )
         config = EncoderConfig()
+        data = PipelineConfig()
         bound = {
             name: gin.query_parameter(name)
             for name in (
-                "run.sentence_objective",
                 "run.batch_size",
                 "run.steps",
                 "adamw.learning_rate",
@@ -291,8 +292,9 @@ def test_roberta_recipe(monkeypatch, size, learning_rate, warmup):
     finally:
         gin.clear_config()
     assert (config.vocab_size, config.position_offset, config.type_vocab_size) == (50265, 2, 1)
+    assert (data.format, data.sentence_objective, data.masking) == ("full_sentences", "none", "dynamic")
+    assert (data.max_seq_length, data.max_predictions_per_seq) == (512, 80)
     assert bound == {
-        "run.sentence_objective": False,
         "run.batch_size": 8192,
         "run.steps": 500000,
         "adamw.learning_rate": learning_rate,

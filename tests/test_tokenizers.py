@@ -497,3 +497,43 @@ def test_cli_bpe_rejects_cased(tmp_path):
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
         "error: --cased does not apply to --kind=bpe: byte-level BPE always keeps case"
     ]
+
+
+def test_pair_inputs_layouts(trained_bpe, uncased):
+    """BERT's [CLS] A [SEP] B [SEP] (types 0/1) and RoBERTa's <s> A </s></s> B </s> (types 0),
+    truncation by the longer side, single texts as [CLS] A [SEP]."""
+    a, b = [11, 12, 13, 14, 15], [21, 22]
+    bert = (uncased.cls_id, uncased.sep_id)
+    ids, types, cut = tokenizers.pair_inputs(uncased, a, b, 16)
+    assert ids == [bert[0], *a, bert[1], *b, bert[1]] and types == [0] * 7 + [1] * 3 and not cut
+    cls, sep = trained_bpe.cls_id, trained_bpe.sep_id
+    ids, types, cut = tokenizers.pair_inputs(trained_bpe, a, b, 16)
+    assert ids == [cls, *a, sep, sep, *b, sep] and types == [0] * 11 and not cut
+    ids, types, cut = tokenizers.pair_inputs(trained_bpe, a, b, 8)  # 4 specials leave 4: A 2, B 2
+    assert ids == [cls, 11, 12, sep, sep, 21, 22, sep] and cut
+    ids, types, cut = tokenizers.pair_inputs(uncased, a, None, 5)
+    assert ids == [bert[0], 11, 12, 13, bert[1]] and types == [0] * 5 and cut
+
+
+def test_roberta_pair_inputs_match_transformers(trained_bpe, tmp_path):
+    """The same ids as transformers' RoBERTa tokenizer on our exported tokenizer folder."""
+    import transformers  # requirements-test.txt
+
+    from models import convert
+    from models.encoder import EncoderConfig
+
+    convert.write_hf_tokenizer(trained_bpe, EncoderConfig(vocab_size=trained_bpe.vocab_size), str(tmp_path))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    pairs = [
+        ("The object is created.", "It is then returned to the caller."),
+        ('A quote " and an émoji 😀', "  two  spaces"),
+    ]
+    for a, b in pairs:
+        expected = theirs(a, b, truncation="longest_first", max_length=12)["input_ids"]
+        ours, _, _ = tokenizers.pair_inputs(trained_bpe, trained_bpe.encode(a), trained_bpe.encode(b), 12)
+        assert ours == expected, (a, b)
+        expected = theirs(a, b)["input_ids"]
+        assert (
+            tokenizers.pair_inputs(trained_bpe, trained_bpe.encode(a), trained_bpe.encode(b), 512)[0]
+            == expected
+        )
