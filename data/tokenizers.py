@@ -161,11 +161,58 @@ def pair_inputs(
     return ids, segments, truncated
 
 
-class WordPieceTokenizer:
+class _VocabTable:
+    """The `Tokenizer` members every backend shares: a token list (`_tokens`, id -> token),
+    its inverse (`_vocab`), and the special tokens' names in `_SPECIAL_TOKENS` (pad, unk,
+    cls, sep, mask), which each backend names differently."""
+
+    _SPECIAL_TOKENS: tuple[str, str, str, str, str]
+    _tokens: list[str]
+    _vocab: dict[str, int]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def pad_id(self) -> int:
+        return self._vocab[self._SPECIAL_TOKENS[0]]
+
+    @property
+    def unk_id(self) -> int:
+        return self._vocab[self._SPECIAL_TOKENS[1]]
+
+    @property
+    def cls_id(self) -> int:
+        return self._vocab[self._SPECIAL_TOKENS[2]]
+
+    @property
+    def sep_id(self) -> int:
+        return self._vocab[self._SPECIAL_TOKENS[3]]
+
+    @property
+    def mask_id(self) -> int:
+        return self._vocab[self._SPECIAL_TOKENS[4]]
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
+
+    def id_to_token(self, i: int) -> str:
+        if not 0 <= i < len(self._tokens):
+            raise IndexError(f"token id {i} is outside the vocab [0, {len(self._tokens)})")
+        return self._tokens[i]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+
+class WordPieceTokenizer(_VocabTable):
     """BERT's WordPiece tokenizer (see the module docstring). Implements `Tokenizer` with
     `pair_format` "bert"."""
 
     pair_format = "bert"
+    _SPECIAL_TOKENS = SPECIAL_TOKENS  # [PAD] [UNK] [CLS] [SEP] [MASK]
 
     def __init__(
         self,
@@ -242,34 +289,6 @@ class WordPieceTokenizer:
             )
         return cls(tokens, lowercase=lowercase, strip_accents=strip_accents, source=path)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tokens)
-
-    @property
-    def pad_id(self) -> int:
-        return self._vocab[PAD]
-
-    @property
-    def unk_id(self) -> int:
-        return self._vocab[UNK]
-
-    @property
-    def cls_id(self) -> int:
-        return self._vocab[CLS]
-
-    @property
-    def sep_id(self) -> int:
-        return self._vocab[SEP]
-
-    @property
-    def mask_id(self) -> int:
-        return self._vocab[MASK]
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
-
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -283,14 +302,6 @@ class WordPieceTokenizer:
         [PAD], and removes the space before punctuation ("hello , world" -> "hello, world")."""
         pad = self.pad_id
         return self._tokenizer.decode([int(i) for i in ids if i != pad], skip_special_tokens=False)
-
-    def id_to_token(self, i: int) -> str:
-        if not 0 <= i < len(self._tokens):
-            raise IndexError(f"token id {i} is outside the vocab [0, {len(self._tokens)})")
-        return self._tokens[i]
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._vocab.get(token)
 
     def word_start_mask(self) -> np.ndarray:
         """bool [vocab_size]: True for every token not starting with "##" (BERT's whole-word
@@ -388,7 +399,7 @@ BPE_MERGES_FILE = "merges.txt"
 _GPT2_WORD_START = "\u0120"  # "Ġ": the byte-level alphabet's stand-in for a leading space
 
 
-class ByteLevelBPETokenizer:
+class ByteLevelBPETokenizer(_VocabTable):
     """GPT-2 / RoBERTa byte-level BPE. Implements `Tokenizer` with `pair_format` "roberta".
 
     Text is split with GPT-2's regex (a word keeps its leading space, which the byte-level
@@ -400,6 +411,7 @@ class ByteLevelBPETokenizer:
     """
 
     pair_format = "roberta"
+    _SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
 
     def __init__(
         self, vocab: dict[str, int], merges: Sequence[tuple[str, str]], *, source: str = "the vocab"
@@ -470,34 +482,6 @@ class ByteLevelBPETokenizer:
             merges.append((parts[0], parts[1]))
         return cls(vocab, merges, source=vocab_path)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tokens)
-
-    @property
-    def pad_id(self) -> int:
-        return self._vocab["<pad>"]
-
-    @property
-    def unk_id(self) -> int:
-        return self._vocab["<unk>"]
-
-    @property
-    def cls_id(self) -> int:
-        return self._vocab["<s>"]
-
-    @property
-    def sep_id(self) -> int:
-        return self._vocab["</s>"]
-
-    @property
-    def mask_id(self) -> int:
-        return self._vocab["<mask>"]
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
-
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -509,14 +493,6 @@ class ByteLevelBPETokenizer:
         """The exact bytes the ids stand for (lossless), padding skipped."""
         pad = self.pad_id
         return self._tokenizer.decode([int(i) for i in ids if i != pad], skip_special_tokens=False)
-
-    def id_to_token(self, i: int) -> str:
-        if not 0 <= i < len(self._tokens):
-            raise IndexError(f"token id {i} is outside the vocab [0, {len(self._tokens)})")
-        return self._tokens[i]
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._vocab.get(token)
 
     def word_start_mask(self) -> np.ndarray:
         """bool [vocab_size]: True for a token starting with "Ġ" (a leading space) and for the 5
@@ -633,7 +609,7 @@ def albert_preprocess(text: str, lowercase: bool) -> str:
     return text.lower() if lowercase else text
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(_VocabTable):
     """ALBERT's SentencePiece tokenizer (google-research/albert `tokenization.FullTokenizer`
     with an spm model). Implements `Tokenizer` with `pair_format` "bert".
 
@@ -644,6 +620,7 @@ class SentencePieceTokenizer:
     """
 
     pair_format = "bert"
+    _SPECIAL_TOKENS = (SP_PAD, SP_UNK, "[CLS]", "[SEP]", "[MASK]")
 
     def __init__(self, model_proto: bytes, *, lowercase: bool = True, source: str = "the model"):
         """Args:
@@ -682,34 +659,6 @@ class SentencePieceTokenizer:
         with tf.io.gfile.GFile(path, "rb") as f:
             return cls(f.read(), lowercase=lowercase, source=path)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tokens)
-
-    @property
-    def pad_id(self) -> int:
-        return self._vocab[SP_PAD]
-
-    @property
-    def unk_id(self) -> int:
-        return self._vocab[SP_UNK]
-
-    @property
-    def cls_id(self) -> int:
-        return self._vocab["[CLS]"]
-
-    @property
-    def sep_id(self) -> int:
-        return self._vocab["[SEP]"]
-
-    @property
-    def mask_id(self) -> int:
-        return self._vocab["[MASK]"]
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
-
     def pieces(self, text: str) -> list[str]:
         """ALBERT's `encode_pieces(sp_model, preprocess_text(text))`."""
         out: list[str] = []
@@ -734,14 +683,6 @@ class SentencePieceTokenizer:
         """The normalised text of `ids` ("▁" -> space), padding skipped."""
         pad = self.pad_id
         return self._sp.decode([int(i) for i in ids if i != pad])
-
-    def id_to_token(self, i: int) -> str:
-        if not 0 <= i < len(self._tokens):
-            raise IndexError(f"token id {i} is outside the vocab [0, {len(self._tokens)})")
-        return self._tokens[i]
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._vocab.get(token)
 
     def word_start_mask(self) -> np.ndarray:
         """bool [vocab_size]: ALBERT's `_is_start_piece` — True for a piece starting with "▁" or

@@ -16,7 +16,7 @@ from typing import Sequence
 import gin
 
 from data import corpora, preprocess, shards, tokenizers
-from pretrain import checkpointing, sharding
+from pretrain import checkpointing, sharding, workdir
 
 
 def setup_logging(is_main_process: bool = True) -> None:
@@ -67,6 +67,7 @@ USER_ERRORS = (
     tokenizers.TokenizerError,
     sharding.MeshError,
     checkpointing.CheckpointError,
+    workdir.WorkdirError,
 )
 
 

@@ -309,6 +309,7 @@ def run(
     max_skipped_steps: int = 0,
     phase2_start: int | None = None,
     phase2_pipeline_config: pipeline.PipelineConfig | None = None,
+    init_from: str | None = None,
     mesh_spec: str | None = None,
 ) -> dict[str, Any]:
     """Pretrains (or resumes) in `workdir`; returns what it writes to `workdir/summary.json`.
@@ -333,6 +334,9 @@ def run(
         `phase2_start` on, batches come from `phase2_pipeline_config` (e.g. length 512
         with P = 80 after length 128 with P = 20). Same parameters, optimizer state and
         learning-rate schedule; the data stream of phase 2 starts at its beginning.
+      init_from: a workdir (ours, or `models.convert import`'s) whose parameters start the
+        run: continued pretraining. Used only when `workdir` has no checkpoint yet; the
+        optimizer state and step start fresh; heads the source lacks start from init.
       mesh_spec: e.g. 'data:4,fsdp:2,tensor:1'; None puts every device on `data`.
 
     A SIGTERM/SIGINT (preemption) stops after the current step with a checkpoint; the
@@ -396,6 +400,12 @@ def run(
     state, resumed_from = ckpt.restore_latest(shaped_like(setup.state, setup.state_shardings), iterator_for)
     if resumed_from is None:
         state = setup.state
+        if init_from is not None:
+            params = workdir_lib.warm_start_params(
+                init_from, state.params, setup.state_shardings.params, manifest
+            )
+            state = state.replace(params=params)
+            log.info("starting from the parameters of %s", init_from)
         if iterators:  # every checkpoint was damaged: start from a stream no restore touched
             iterator = train_iterator(0)
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any
 
@@ -20,6 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow as tf
+from flax import traverse_util
 
 from data import shards, tokenizers
 from models.encoder import EncoderConfig
@@ -27,6 +29,8 @@ from models.encoder import EncoderConfig
 MODEL_CONFIG = "model_config.json"
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINTS_DIR = "checkpoints"
+
+log = logging.getLogger(__name__)
 
 
 class WorkdirError(ValueError):
@@ -154,3 +158,61 @@ def load_pretrained(workdir: str, step: int | None = None) -> Pretrained:
         )
     params, step = load_params(workdir, step)
     return Pretrained(config=config, params=params, tokenizer=tokenizer, step=step)
+
+
+def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: dict) -> Any:
+    """`params` (the fresh, sharded pretraining tree) with every parameter `init_from` has:
+    continued pretraining from one of our workdirs or an imported published model.
+
+    A parameter the source lacks (an imported `BertModel` has no MLM or NSP head, RoBERTa no
+    sentence head) keeps its fresh init, with a log line; a parameter of another shape, or
+    one the model does not have, is an error, as is a tokenizer other than the shards'.
+    Returns the tree with each array placed with its sharding.
+    """
+    source_identity = _tokenizer_identity(init_from)
+    shards_identity = manifest.get("tokenizer")
+    if shards_identity is not None and source_identity != shards_identity:
+        raise WorkdirError(
+            f"run.init_from '{init_from}' has another tokenizer than the shards "
+            f"({source_identity.get('kind')} {source_identity.get('vocab_size')} vs "
+            f"{shards_identity.get('kind')} {shards_identity.get('vocab_size')}): preprocess the "
+            f"corpus with --tokenizer={os.path.join(init_from, TOKENIZER_DIR)}"
+        )
+    source, step = load_params(init_from)
+    source = traverse_util.flatten_dict(source)
+    target = traverse_util.flatten_dict(params)
+    target_shardings = traverse_util.flatten_dict(shardings)
+    unused = sorted("/".join(p) for p in source if p not in target)
+    if unused:
+        raise WorkdirError(
+            f"run.init_from '{init_from}' has parameters the model does not: {unused[:3]}: "
+            "use its model_config.json (the same EncoderConfig) for this run"
+        )
+    loaded, fresh = {}, []
+    for path, value in target.items():
+        if path not in source:
+            fresh.append("/".join(path))
+            loaded[path] = value
+            continue
+        stored = np.asarray(source[path])
+        if stored.shape != value.shape:
+            raise WorkdirError(
+                f"run.init_from '{init_from}': {'/'.join(path)} has shape {stored.shape}, the model "
+                f"wants {value.shape}: use its model_config.json (the same EncoderConfig) for this run"
+            )
+        loaded[path] = jax.device_put(stored.astype(value.dtype), target_shardings[path])
+    if fresh:
+        log.info(
+            "run.init_from %s (step %d) has no %s: these start from a fresh init", init_from, step, fresh
+        )
+    return traverse_util.unflatten_dict(loaded)
+
+
+def _tokenizer_identity(workdir: str) -> dict:
+    """The identity() of a workdir's tokenizer (WorkdirError when it has none)."""
+    tokenizer_dir = os.path.join(workdir, TOKENIZER_DIR)
+    if not tf.io.gfile.isdir(tokenizer_dir):
+        raise WorkdirError(
+            f"no {TOKENIZER_DIR}/ in '{workdir}': pass a workdir of pretrain.train or models.convert"
+        )
+    return tokenizers.load_tokenizer(tokenizer_dir).identity()

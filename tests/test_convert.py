@@ -746,3 +746,73 @@ def test_albert_options_we_cannot_express(tmp_path, capsys):
         config = {**_albert_config().to_dict(), **overrides}
         with pytest.raises(convert.ConversionError, match=message):
             convert.hf_config_to_ours(config, "hf:x")
+
+
+def _shards_for(tokenizer_dir: str, directory) -> str:
+    """Shards of a small corpus written in the test vocab's words."""
+    from data import preprocess
+
+    rng = np.random.default_rng(0)
+    words = [w for w in WORDS if not w.startswith("##") and w != "."]
+    documents = [
+        "\n".join(" ".join(rng.choice(words, size=rng.integers(3, 8))) + " ." for _ in range(6))
+        for _ in range(40)
+    ]
+    directory.mkdir(exist_ok=True)
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n\n".join(documents) + "\n")
+    output = str(directory / "shards")
+    preprocess.preprocess(
+        str(corpus), tokenizer_dir, output, num_shards=2, num_workers=1, eval_fraction=0.2, log=lambda m: None
+    )
+    return output
+
+
+def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
+    """run.init_from: an imported model's parameters start the run (lr 0 keeps them exactly);
+    heads the HF model lacks (a BertModel has neither MLM nor NSP head) start from init;
+    shards of another tokenizer are refused."""
+    from data.pipeline import PipelineConfig
+    from pretrain import optim, trainer
+
+    model = _randomize(transformers.BertModel(_bert_config()), seed=5)
+    imported = str(tmp_path / "imported")
+    assert (
+        convert.main(
+            ["import", f"--from=hf:{_save_hf(model, str(tmp_path / 'hf'))}", f"--workdir={imported}"]
+        )
+        == 0
+    )
+    data_dir = _shards_for(os.path.join(imported, "tokenizer"), tmp_path)
+    args = dict(
+        data_dir=data_dir,
+        model_config=workdir_lib.load_model_config(imported),
+        pipeline_config=PipelineConfig(
+            max_seq_length=32, document_shuffle_buffer=10, instance_shuffle_buffer=10
+        ),
+        steps=1,
+        batch_size=8,
+        optimizer_fn=lambda total_steps: optim.adamw(total_steps, learning_rate=0.0, warmup_steps=0),
+        eval_batches=1,
+        init_from=imported,
+    )
+    trainer.run(str(tmp_path / "continued"), **args)
+    source, _ = workdir_lib.load_params(imported)
+    continued, step = workdir_lib.load_params(str(tmp_path / "continued"))
+    assert step == 1
+    source, continued = _flat(source), _flat(continued)
+    assert set(source) <= set(continued)
+    for key in source:
+        np.testing.assert_array_equal(continued[key], source[key], err_msg="/".join(key))
+    heads = {key[0] for key in continued if key not in source}
+    assert heads == {"mlm_head", "sentence_head"} and ("encoder", "pooler", "kernel") in source
+
+    other = tokenizers.WordPieceTokenizer.from_vocab_file  # a different vocab: the test words reversed
+    other_dir = tmp_path / "other_tokenizer"
+    other_dir.mkdir()
+    vocab = _vocab(model.config.vocab_size)
+    (other_dir / "vocab.txt").write_text("".join(t + "\n" for t in vocab[:6] + vocab[6:][::-1]))
+    other(str(other_dir / "vocab.txt")).save(str(other_dir))
+    other_data = _shards_for(str(other_dir), tmp_path / "other")
+    with pytest.raises(workdir_lib.WorkdirError, match="has another tokenizer than the shards"):
+        trainer.run(str(tmp_path / "refused"), **{**args, "data_dir": other_data})
