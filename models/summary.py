@@ -36,7 +36,9 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        gin.parse_config_files_and_bindings(_GIN_FILE.value, _GIN_BINDINGS.value)
+        # skip_unknown: recipe and run files also bind the trainer's configurables, which
+        # this tool does not import; a typo in an EncoderConfig binding is still an error.
+        gin.parse_config_files_and_bindings(_GIN_FILE.value, _GIN_BINDINGS.value, skip_unknown=True)
         config = EncoderConfig()
         if not 1 <= _SEQ_LEN.value <= config.max_length:
             raise ValueError(

@@ -612,3 +612,26 @@ def test_summary_cli_reports_cli():
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "num_heads" in errors[0]
     assert "params" not in result.stdout
+
+
+def test_summary_cli_reads_run_files_and_still_catches_typos():
+    """A run file (which also binds the trainer's configurables) works; a misspelled
+    EncoderConfig parameter is still an error."""
+    albert = _summary(
+        "--gin_file=configs/runs/demo_albert.gin", "--gin_bindings=EncoderConfig.vocab_size=8192"
+    )
+    assert albert.returncode == 0, albert.stderr
+    shared = dict(line.split(": ") for line in albert.stdout.splitlines())
+    unshared = _summary(
+        "--gin_file=configs/runs/demo_albert.gin",
+        "--gin_bindings=EncoderConfig.vocab_size=8192",
+        "--gin_bindings=EncoderConfig.sharing='none'",
+    )
+    # 4 layers of H=128, FFN 512: not sharing adds 3 layers' parameters.
+    layer = 4 * (128 * 128 + 128) + 2 * 128 * 512 + 512 + 128 + 2 * 2 * 128
+    added = int(dict(line.split(": ") for line in unshared.stdout.splitlines())["params"]) - int(
+        shared["params"]
+    )
+    assert added == 3 * layer
+    typo = _summary("--gin_file=configs/models/bert_base.gin", "--gin_bindings=EncoderConfig.hiden_size=3")
+    assert typo.returncode == 2 and "doesn't have a parameter named 'hiden_size'" in typo.stderr
