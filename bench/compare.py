@@ -1,13 +1,19 @@
 """Ours vs the peer (HF Flax BERT), side by side in one run, as ratios; what `make bench` runs.
 
     python -m bench.compare --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 \
-        [--dtypes=float32,bfloat16] [--steps=5] [--peer_python=.venv-peer/bin/python]
+        [--dtypes=float32,bfloat16] [--steps=5] [--peer_python=.venv-peer/bin/python] \
+        [--optimisations]
 
 For each dtype it runs bench/pretrain.py (this venv) and then bench/peer_hf.py (the
 peer's venv, same model config, batch, rows and masked positions) as separate
 processes one after the other, then bench/input_pipeline.py once. Prints a markdown
 table (tokens/s, model TFLOP/s, MFU against the matmul peak each process measured,
 peak memory, ours/peer ratio) and, last, one JSON line with every result.
+
+`--optimisations` also times ours with and without each optimisation, the two
+alternating in one process (bench/pretrain.py --without=X --paired, in the first
+dtype, so drift on a shared machine cancels), and prints what each buys, beside bf16
+vs float32 from the main table.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ _SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare")
 _STEPS = flags.DEFINE_integer("steps", 5, "timed steps per run")
 _PEER_PYTHON = flags.DEFINE_string("peer_python", ".venv-peer/bin/python", "python of the peer's virtualenv")
+_OPTIMISATIONS = flags.DEFINE_bool("optimisations", False, "also measure each optimisation on its own")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# bench/pretrain.py --without's choices (its validator rejects any other name).
+OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding")
 
 
 def _last_json(command: list[str]) -> dict:
@@ -35,7 +44,9 @@ def _last_json(command: list[str]) -> dict:
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         sys.exit(f"error: {' '.join(command[:3])} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    line = result.stdout.strip().splitlines()[-1]
+    print(line, file=sys.stderr, flush=True)  # progress: each run takes minutes on a CPU
+    return json.loads(line)
 
 
 def main(argv):
@@ -43,18 +54,16 @@ def main(argv):
     if not os.path.exists(os.path.join(ROOT, _PEER_PYTHON.value)):
         sys.exit(f"error: no peer virtualenv at {_PEER_PYTHON.value}: run `make bench-peer-venv` first")
     shape = [f"--batch={_BATCH.value}", f"--seq={_SEQ.value}", f"--steps={_STEPS.value}"]
+    ours_command = [
+        sys.executable,
+        "-m",
+        "bench.pretrain",
+        *(f"--gin_file={g}" for g in _GIN_FILES.value),
+        *shape,
+    ]
     rows = []
     for dtype in _DTYPES.value:
-        ours = _last_json(
-            [
-                sys.executable,
-                "-m",
-                "bench.pretrain",
-                *(f"--gin_file={g}" for g in _GIN_FILES.value),
-                *shape,
-                f"--dtype={dtype}",
-            ]
-        )
+        ours = _last_json([*ours_command, f"--dtype={dtype}"])
         peer = _last_json(
             [
                 _PEER_PYTHON.value,
@@ -90,11 +99,53 @@ def main(argv):
         f"\ninput pipeline alone: {pipeline['examples_per_second']:.0f} examples/s, "
         f"{pipeline['tokens_per_second'] / consumed:.0f}x the tokens/s the fastest step consumes"
     )
+    optimisations = _optimisations(ours_command, rows) if _OPTIMISATIONS.value else []
     print(
         json.dumps(
-            {"results": [{"dtype": d, "ours": o, "peer": p} for d, o, p in rows], "input_pipeline": pipeline}
+            {
+                "results": [{"dtype": d, "ours": o, "peer": p} for d, o, p in rows],
+                "input_pipeline": pipeline,
+                "optimisations": optimisations,
+            }
         )
     )
+
+
+def _optimisations(ours_command: list[str], rows: list) -> list[dict]:
+    """Times ours with and without each optimisation, alternating in one process
+    (bench/pretrain.py --paired), in the first dtype; prints and returns the ratios."""
+    dtype = rows[0][0]
+    variants = [(name, [f"--without={name}"]) for name in OPTIMISATIONS]
+    variants.append(("fused attention (no attention dropout)", ["--fused_attention"]))
+    measured = []
+    for name, flags_ in variants:
+        result = _last_json([*ours_command, f"--dtype={dtype}", *flags_, "--paired", "--rounds=2"])
+        ratio = result["variant_over_default"]
+        if name.startswith("fused"):  # this variant adds the change instead of removing one
+            ratio, without, with_ = 1 / ratio, result["default_seconds_per_step"], result["seconds_per_step"]
+        else:
+            without, with_ = result["seconds_per_step"], result["default_seconds_per_step"]
+        measured.append(
+            {"optimisation": name, "seconds_without": without, "seconds_with": with_, "ratio": ratio}
+        )
+    by_dtype = {d: o for d, o, _ in rows}
+    if "float32" in by_dtype and "bfloat16" in by_dtype:  # separate processes, from the table above
+        f32, bf16 = by_dtype["float32"]["seconds_per_step"], by_dtype["bfloat16"]["seconds_per_step"]
+        measured.append(
+            {
+                "optimisation": "bf16 compute",
+                "seconds_without": f32,
+                "seconds_with": bf16,
+                "ratio": f32 / bf16,
+            }
+        )
+    print(f"\nEach optimisation on its own ({dtype} unless named), with and without it in one process\n")
+    print("| optimisation | s/step without | s/step with | speed-up |")
+    print("|---|---|---|---|")
+    for m in measured:
+        seconds = f"{m['seconds_without']:.3f} | {m['seconds_with']:.3f}"
+        print(f"| {m['optimisation']} | {seconds} | {m['ratio']:.2f}x |")
+    return measured
 
 
 if __name__ == "__main__":

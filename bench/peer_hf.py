@@ -103,7 +103,7 @@ def main() -> None:
         return {"params": params, "opt_state": opt_state, "rng": next_rng}, loss
 
     step = jax.jit(train_step, donate_argnums=0)
-    compile_seconds, seconds, _ = report.time_steps(step, state, inputs, args.steps)
+    compile_seconds, seconds = report.time_steps(step, state, inputs, args.steps)
     print(
         report.result_line(
             "peer_hf_flax",

@@ -1,7 +1,8 @@
 """Training-step benchmark of our pretraining code (the same step `pretrain.train` runs).
 
     python -m bench.pretrain --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 \
-        [--dtype=bfloat16] [--steps=10] [--predictions=20] [--mesh=data:1]
+        [--dtype=bfloat16] [--steps=10] [--predictions=20] [--mesh=data:1] \
+        [--without=masked_decoding,donation,vocab_padding] [--fused_attention]
 
 Builds the real sharded train step (trainer.build: AdamW, donated state, MLM on the P
 masked positions only, NSP) for full-length synthetic rows with P masked positions,
@@ -9,6 +10,19 @@ compiles it, runs 2 warm-up steps and times `--steps` more. The last line is one
 object (bench/report.py): compile seconds, steps/s, non-pad tokens/s, model TFLOP/s by
 PERFORMANCE.md's formula, this device's matmul peak measured in the same run and
 dtype, MFU and peak memory. `--fake_devices=N` runs on N fake CPU devices.
+
+`--without=X,...` turns off one of our optimisations, to measure what each buys:
+`masked_decoding` (the MLM head decodes all L positions, loss unchanged:
+report.all_positions_batch), `donation` (the state is not donated), `vocab_padding`
+(the vocab is not padded to --vocab_pad_multiple). `--fused_attention` sets attention
+dropout to 0 so that attention goes through jax.nn.dot_product_attention
+(`EncoderConfig.attention_implementation`, e.g. cudnn on GPU) instead of the explicit
+softmax with dropout that BERT's recipe trains with. Model FLOPs are always counted
+for P masked positions, so a variant doing more work gets no credit for it.
+`--paired` also builds the default step and times the two alternately (`--rounds`
+times `--steps` steps each), so that a shared machine's drift hits both alike; the
+JSON then has default_seconds_per_step and variant_over_default (the ratio of seconds
+per step: what an optimisation buys, when the variant turns it off).
 """
 
 from __future__ import annotations
@@ -29,6 +43,21 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute
 _STEPS = flags.DEFINE_integer("steps", 10, "timed steps after compilation and 2 warm-up steps")
 _MESH = flags.DEFINE_string("mesh", None, "e.g. data:8; default every device on data")
 _FAKE_DEVICES = flags.DEFINE_integer("fake_devices", 0, "run on this many fake CPU devices")
+_VOCAB_PAD = flags.DEFINE_integer(
+    "vocab_pad_multiple", 128, "EncoderConfig.vocab_pad_multiple, as the pretraining recipes bind it"
+)
+OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding")
+_WITHOUT = flags.DEFINE_list("without", [], f"optimisations to turn off, of {', '.join(OPTIMISATIONS)}")
+flags.register_validator(
+    "without", lambda names: set(names) <= set(OPTIMISATIONS), f"--without takes {', '.join(OPTIMISATIONS)}"
+)
+_FUSED_ATTENTION = flags.DEFINE_bool(
+    "fused_attention", False, "attention dropout 0, so attention runs jax.nn.dot_product_attention"
+)
+_PAIRED = flags.DEFINE_bool(
+    "paired", False, "also time the default step, alternating with this variant (drift-proof ratio)"
+)
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "with --paired: alternate the two this many times")
 
 
 def main(argv):
@@ -46,22 +75,52 @@ def main(argv):
 
     batch_size, seq = _BATCH.value, _SEQ.value
     predictions = _PREDICTIONS.value or max(1, 20 * seq // 128)
+    without = set(_WITHOUT.value)
     with cli.user_errors():
         cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
-        config = dataclasses.replace(EncoderConfig(), dtype=_DTYPE.value)
         mesh = sharding.make_mesh(_MESH.value)
         sharding.check_batch_size(batch_size, mesh, jax.process_count())
-    optimizer, schedule = optim.adamw(total_steps=10_000, learning_rate=1e-4, warmup_steps=100)
-    batch = report.synthetic_batch(batch_size, seq, predictions, config.vocab_size)
     rules = sharding.logical_axis_rules()
-    example = {k: v[:1] for k, v in batch.items()}
-    setup = trainer.build(config, optimizer, schedule, example, mesh, rules, seed=0, sentence_objective=True)
+    optimizer, schedule = optim.adamw(total_steps=10_000, learning_rate=1e-4, warmup_steps=100)
     rng = jax.random.key(1)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        device_batch = sharding.global_batch(batch, mesh)
-        compile_seconds, seconds, _ = report.time_steps(
-            lambda state, b: setup.train_step(state, b, rng), setup.state, device_batch, _STEPS.value
+
+    def build(without: set[str], fused_attention: bool):
+        """(config, rows, step, state, device batch) of one variant of our train step."""
+        config = dataclasses.replace(
+            EncoderConfig(),
+            dtype=_DTYPE.value,
+            vocab_pad_multiple=1 if "vocab_padding" in without else _VOCAB_PAD.value,
         )
+        if fused_attention:
+            config = dataclasses.replace(config, attention_dropout_rate=0.0)
+        batch = report.synthetic_batch(batch_size, seq, predictions, config.vocab_size)
+        if "masked_decoding" in without:
+            batch = report.all_positions_batch(batch)
+        setup = trainer.build(
+            config,
+            optimizer,
+            schedule,
+            {k: v[:1] for k, v in batch.items()},
+            mesh,
+            rules,
+            seed=0,
+            sentence_objective=True,
+            donate="donation" not in without,
+        )
+        with jax.set_mesh(mesh):
+            device_batch = sharding.global_batch(batch, mesh)
+        return config, batch, (lambda state, b: setup.train_step(state, b, rng)), setup.state, device_batch
+
+    variants = [build(without, _FUSED_ATTENTION.value)]
+    if _PAIRED.value:
+        variants.append(build(set(), False))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        timings = report.time_alternately([v[2:] for v in variants], _STEPS.value, _ROUNDS.value)
+    config, batch = variants[0][:2]
+    extra = {}
+    if _PAIRED.value:
+        extra["default_seconds_per_step"] = round(timings[1][1], 4)
+        extra["variant_over_default"] = round(timings[0][1] / timings[1][1], 4)
     print(
         report.result_line(
             "ours",
@@ -70,9 +129,12 @@ def main(argv):
             real_tokens_per_row=float(batch["input_mask"].sum(1).mean()),
             flops_per_row=flops_per_sequence(config, seq, predictions),
             dtype=_DTYPE.value,
-            compile_seconds=compile_seconds,
-            seconds_per_step=seconds,
+            compile_seconds=timings[0][0],
+            seconds_per_step=timings[0][1],
             predictions=predictions,
+            without=sorted(without),
+            fused_attention=_FUSED_ATTENTION.value,
+            **extra,
             config=dataclasses.asdict(config),
         )
     )

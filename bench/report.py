@@ -43,24 +43,40 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def time_steps(step, state, batch, steps: int, warmup: int = 2):
-    """(compile + first step seconds, steady seconds per step, final state).
+def time_steps(step, state, batch, steps: int, warmup: int = 2) -> tuple[float, float]:
+    """(compile + first step seconds, steady seconds per step) of `step` on one batch.
 
     `step(state, batch) -> (state, metrics)`; the state is threaded through so donated
     buffers stay valid. Warm-up steps after compilation are not timed.
     """
-    start = time.perf_counter()
-    state, metrics = step(state, batch)
-    jax.block_until_ready((state, metrics))
-    compile_seconds = time.perf_counter() - start
-    for _ in range(warmup):
+    return time_alternately([(step, state, batch)], steps, rounds=1, warmup=warmup)[0]
+
+
+def time_alternately(runs, steps: int, rounds: int = 1, warmup: int = 2) -> list[tuple[float, float]]:
+    """[(compile + first step seconds, steady seconds per step)] for each (step, state, batch).
+
+    All runs are compiled and warmed up first; then each round times `steps` steps of
+    every run in turn, so that drift on a shared machine affects them alike.
+    """
+    states, compiled = [], []
+    for step, state, batch in runs:
+        start = time.perf_counter()
         state, metrics = step(state, batch)
-    jax.block_until_ready((state, metrics))
-    start = time.perf_counter()
-    for _ in range(steps):
-        state, metrics = step(state, batch)
-    jax.block_until_ready((state, metrics))
-    return compile_seconds, (time.perf_counter() - start) / steps, state
+        jax.block_until_ready((state, metrics))
+        compiled.append(time.perf_counter() - start)
+        for _ in range(warmup):
+            state, metrics = step(state, batch)
+        jax.block_until_ready((state, metrics))
+        states.append(state)
+    totals = [0.0] * len(runs)
+    for _ in range(rounds):
+        for i, (step, _, batch) in enumerate(runs):
+            start = time.perf_counter()
+            for _ in range(steps):
+                states[i], metrics = step(states[i], batch)
+            jax.block_until_ready((states[i], metrics))
+            totals[i] += time.perf_counter() - start
+    return [(c, t / (steps * rounds)) for c, t in zip(compiled, totals)]
 
 
 def model_flops_per_row(
@@ -140,3 +156,26 @@ def synthetic_batch(
         "masked_lm_weights": np.ones((batch, predictions), np.float32),
         "sentence_label": rng.integers(0, 2, batch, dtype=np.int32),
     }
+
+
+def all_positions_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same batch with the MLM head run at every position (P = L), like the peer.
+
+    masked_lm_positions become 0..L-1, masked_lm_ids the original token at each masked
+    position (any id elsewhere) and masked_lm_weights 1 only at the masked positions, so
+    the loss is the masked-only batch's while the head decodes [B, L, V] logits: what
+    masked-position decoding saves, measured (`bench.pretrain --without=masked_decoding`).
+    """
+    batch_size, seq = batch["input_ids"].shape
+    rows = np.arange(batch_size)[:, None]
+    positions = batch["masked_lm_positions"]
+    ids = batch["input_ids"].copy()
+    ids[rows, positions] = batch["masked_lm_ids"]
+    weights = np.zeros((batch_size, seq), np.float32)
+    weights[rows, positions] = batch["masked_lm_weights"]
+    return dict(
+        batch,
+        masked_lm_positions=np.broadcast_to(np.arange(seq, dtype=np.int32), (batch_size, seq)).copy(),
+        masked_lm_ids=ids,
+        masked_lm_weights=weights,
+    )

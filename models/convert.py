@@ -57,7 +57,7 @@ from flax import traverse_util
 
 from data import tokenizers
 from models.encoder import EncoderConfig
-from models.pretraining import abstract_params
+from models.pretraining import abstract_params, resize_vocab_rows
 from pretrain import workdir as workdir_lib
 
 log = logging.getLogger("convert")
@@ -740,7 +740,7 @@ def hf_model_files(
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """(config.json contents, tensors by HF name) of our config and parameters."""
     fmt = format_of(config)
-    flat = traverse_util.flatten_dict(params)
+    flat = traverse_util.flatten_dict(resize_vocab_rows(params, config.vocab_size))  # no padding rows
     spec = expand(fmt, "hf", config.num_layers, hf_base=fmt.hf_base)
     known = {p.ours for p in spec}
     groups = set(present_groups(params))

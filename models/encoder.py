@@ -105,6 +105,11 @@ class EncoderConfig:
       position_offset: added to every position id before the position-embedding lookup.
         RoBERTa (fairseq, HF) numbers positions from padding_idx + 1 = 2, so its table
         has max_position_embeddings = 514 rows of which rows 0 and 1 are never read.
+      vocab_pad_multiple: the word table and the MLM output bias get `padded_vocab_size`
+        rows, vocab_size rounded up to this multiple (128 for TPU lanes / GPU tiles; 1 =
+        none), so the [P, E] x [E, V] decoder matmul runs on aligned shapes. The extra
+        rows are never looked up and their logits are sliced off, so outputs and loss
+        are those of the unpadded model; exports and imports drop / add them.
     """
 
     vocab_size: int = 30522
@@ -126,6 +131,7 @@ class EncoderConfig:
     embedding_size: int | None = None
     sharing: str = "none"
     position_offset: int = 0
+    vocab_pad_multiple: int = 1
 
     def __post_init__(self):
         def fail(name: str, requirement: str) -> None:
@@ -139,6 +145,7 @@ class EncoderConfig:
             "intermediate_size",
             "max_position_embeddings",
             "type_vocab_size",
+            "vocab_pad_multiple",
         ):
             if getattr(self, name) < 1:
                 fail(name, ">= 1")
@@ -162,6 +169,11 @@ class EncoderConfig:
             fail("sharing", f"one of {SHARING_MODES}")
         if not 0 <= self.position_offset < self.max_position_embeddings:
             fail("position_offset", f"in [0, max_position_embeddings={self.max_position_embeddings})")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the word table and the MLM output bias (>= vocab_size)."""
+        return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
 
     @property
     def embedding_width(self) -> int:
@@ -381,7 +393,7 @@ class Embeddings(nn.Module):
 
         Returns:
           embeddings [B, L, E] compute dtype, and the word embedding table
-          [V, E] param dtype (for the tied MLM decoder).
+          [padded V, E] param dtype (for the tied MLM decoder).
         """
         cfg = self.config
         width_axis = cfg.embedding_axis
@@ -398,7 +410,7 @@ class Embeddings(nn.Module):
                 name=name,
             )
 
-        word_embeddings = table(cfg.vocab_size, axes.VOCAB, "word_embeddings")
+        word_embeddings = table(cfg.padded_vocab_size, axes.VOCAB, "word_embeddings")
         x = (
             word_embeddings(input_ids)
             + table(cfg.max_position_embeddings, None, "position_embeddings")(positions + cfg.position_offset)
@@ -475,7 +487,8 @@ class EncoderOutput:
     Attributes:
       sequence_output: [B, L, H] compute dtype, the last layer's hidden states.
       pooled_output: [B, H] compute dtype, tanh(dense(first token)).
-      word_embeddings: [V, E] param dtype, the token table (the tied MLM decoder).
+      word_embeddings: [padded V, E] param dtype, the token table (the tied MLM
+        decoder; `config.padded_vocab_size` rows).
     """
 
     sequence_output: jax.Array

@@ -3,7 +3,8 @@
 Parameter trees (names map onto BERT's cls/predictions and cls/seq_relationship):
 
     MaskedLMHead: transform/{kernel, bias} [H, E], [E]; transform_layer_norm/{scale, bias} [E];
-                  output_bias [V]   (E = H except for ALBERT's factorized embedding)
+                  output_bias [padded V]   (E = H except for ALBERT's factorized embedding;
+                  padded V = EncoderConfig.padded_vocab_size)
     SentenceHead: classifier/{kernel, bias}   (NSP for BERT, SOP for ALBERT: same head)
 """
 
@@ -37,9 +38,9 @@ class MaskedLMHead(nn.Module):
         Args:
           sequence_output: [B, L, H] compute dtype, the encoder's last hidden states.
           masked_lm_positions: [B, P] int32 indices into L.
-          word_embeddings: [V, E] the token embedding table (decoder tied to it).
+          word_embeddings: [padded V, E] the token embedding table (decoder tied to it).
         Returns:
-          [B, P, V] float32 logits.
+          [B, P, V] float32 logits (the padding rows' logits are computed, then dropped).
         """
         cfg = self.config
         x = jnp.take_along_axis(sequence_output, masked_lm_positions[:, :, None], axis=1)
@@ -59,10 +60,11 @@ class MaskedLMHead(nn.Module):
             "bpe,ve->bpv", x, word_embeddings.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
         )
         output_bias = self.param(
-            "output_bias", bias_init((axes.VOCAB,)), (cfg.vocab_size,), cfg.storage_dtype
+            "output_bias", bias_init((axes.VOCAB,)), (cfg.padded_vocab_size,), cfg.storage_dtype
         )
         logits = logits + output_bias.astype(jnp.float32)
-        return nn.with_logical_constraint(logits, (axes.BATCH, axes.PREDICTIONS, axes.VOCAB))
+        logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.PREDICTIONS, axes.VOCAB))
+        return logits[..., : cfg.vocab_size]
 
 
 class SentenceHead(nn.Module):

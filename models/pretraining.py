@@ -13,6 +13,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from flax import traverse_util
 
 from models.encoder import Encoder, EncoderConfig
 from models.heads import MaskedLMHead, SentenceHead
@@ -74,6 +75,29 @@ def abstract_params(config: EncoderConfig, sentence_objective: bool = True) -> A
         lambda rng: model.init(rng, example_batch(1, 1, 1), deterministic=True), jax.random.key(0)
     )
     return variables["params"]
+
+
+# The arrays with one row per vocabulary entry (EncoderConfig.padded_vocab_size rows).
+VOCAB_ROWS = (("encoder", "embeddings", "word_embeddings", "embedding"), ("mlm_head", "output_bias"))
+
+
+def resize_vocab_rows(params: Mapping[str, Any], rows: int) -> dict[str, Any]:
+    """`params` (nested NumPy arrays) with the VOCAB_ROWS arrays cut or zero-padded to `rows`.
+
+    Moves parameters between vocab_pad_multiple settings: the rows past vocab_size are
+    never looked up and their logits are dropped, so cutting them, or adding zero rows,
+    leaves the model's outputs unchanged.
+    """
+    flat = traverse_util.flatten_dict(params)
+    for path in VOCAB_ROWS:
+        if path in flat:
+            array = np.asarray(flat[path])
+            if array.shape[0] >= rows:
+                flat[path] = array[:rows]
+            else:
+                padding = np.zeros((rows - array.shape[0], *array.shape[1:]), array.dtype)
+                flat[path] = np.concatenate([array, padding])
+    return traverse_util.unflatten_dict(flat)
 
 
 def count_params(params: Any) -> int:

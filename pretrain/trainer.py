@@ -175,11 +175,14 @@ def build(
     microbatches: int = 1,
     materialize: bool = True,
     skip_nonfinite: bool = False,
+    donate: bool = True,
 ) -> Setup:
     """Creates the sharded train state (eval_shape -> specs -> jit(init)) and the jitted steps.
 
     With materialize=False the state is only its shapes and shardings (ShapeDtypeStructs):
     enough to lower and compile the step, e.g. to read its memory use, allocating nothing.
+    The step donates the incoming state (updated in place); donate=False exists only so
+    that bench/pretrain.py can measure what that buys.
     """
     model = PretrainingModel(model_config, sentence_objective=sentence_objective)
 
@@ -208,7 +211,7 @@ def build(
         ),
         in_shardings=(state_shardings, data, None),
         out_shardings=(state_shardings, None),
-        donate_argnums=0,
+        donate_argnums=0 if donate else (),
     )
     evaluate = jax.jit(
         functools.partial(eval_step, model=model),

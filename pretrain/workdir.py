@@ -25,6 +25,7 @@ from flax import traverse_util
 
 from data import shards, tokenizers
 from models.encoder import EncoderConfig
+from models.pretraining import VOCAB_ROWS, resize_vocab_rows
 
 MODEL_CONFIG = "model_config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -179,8 +180,13 @@ def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: dic
             f"corpus with --tokenizer={os.path.join(init_from, TOKENIZER_DIR)}"
         )
     source, step = load_params(init_from)
-    source = traverse_util.flatten_dict(source)
     target = traverse_util.flatten_dict(params)
+    # Another vocab_pad_multiple only adds or drops rows that are never used.
+    rows = {target[p].shape[0] for p in VOCAB_ROWS if p in target}
+    table = traverse_util.flatten_dict(source).get(VOCAB_ROWS[0])
+    if len(rows) == 1 and table is not None and table.shape[0] >= manifest["vocab_size"]:
+        source = resize_vocab_rows(source, rows.pop())
+    source = traverse_util.flatten_dict(source)
     target_shardings = traverse_util.flatten_dict(shardings)
     unused = sorted("/".join(p) for p in source if p not in target)
     if unused:

@@ -1,6 +1,8 @@
 """The benchmarks run and print their JSON line (functional only: timings are not tested),
-and packing, which the speed work relies on, leaves each example's MLM loss unchanged."""
+and the speed work changes no result: masked-position decoding, vocab padding and packing
+leave the loss (and each example's MLM loss) unchanged."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,8 +12,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from bench import report
 from models.encoder import EncoderConfig
-from models.pretraining import PretrainingModel
+from models.pretraining import PretrainingModel, resize_vocab_rows
 from pretrain import losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +50,96 @@ def test_pretrain_benchmark_prints_its_result():
     assert result["config"]["vocab_size"] == 2048
 
 
+def test_pretrain_benchmark_turns_each_optimisation_off():
+    result = _json_line(
+        "bench.pretrain",
+        "--gin_file=configs/models/bert_tiny.gin",
+        "--gin_bindings=EncoderConfig.vocab_size=2000",
+        "--batch=4",
+        "--seq=32",
+        "--steps=2",
+        "--without=masked_decoding,donation,vocab_padding",
+        "--fused_attention",
+        "--paired",
+    )
+    assert result["without"] == ["donation", "masked_decoding", "vocab_padding"]
+    # --paired: the default step was timed too, alternating with the variant.
+    assert result["default_seconds_per_step"] > 0
+    assert (
+        abs(result["variant_over_default"] - result["seconds_per_step"] / result["default_seconds_per_step"])
+        < 0.01
+    )
+    assert result["config"]["vocab_pad_multiple"] == 1 and result["config"]["attention_dropout_rate"] == 0.0
+    assert result["predictions"] == 5 and result["tokens_per_second"] > 0
+
+
+# A 2-layer encoder small enough to compare outputs exactly.
+TINY = EncoderConfig(
+    vocab_size=300,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=32,
+)
+
+
+def _tiny_model_and_batch(vocab_pad_multiple=1):
+    config = dataclasses.replace(TINY, vocab_pad_multiple=vocab_pad_multiple)
+    batch = report.synthetic_batch(4, 24, 4, config.vocab_size, seed=3)
+    batch["masked_lm_weights"][1, -1] = 0.0  # a padding prediction slot
+    return PretrainingModel(config), batch
+
+
+def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_positions():
+    model, batch = _tiny_model_and_batch()
+    full = report.all_positions_batch(batch)
+    assert full["masked_lm_positions"].shape == (4, 24) and full["masked_lm_weights"].sum() == 15
+    params = nn.meta.unbox(model.init(jax.random.key(0), batch, deterministic=True))
+    rng = {"dropout": jax.random.key(1)}
+    masked_out = model.apply(params, batch, deterministic=False, rngs=rng)
+    full_out = model.apply(params, full, deterministic=False, rngs=rng)
+    assert full_out["mlm_logits"].shape == (4, 24, 300)
+    loss, sums = losses.pretraining_loss(masked_out, batch)
+    full_loss, full_sums = losses.pretraining_loss(full_out, full)
+    np.testing.assert_allclose(float(full_loss), float(loss), rtol=1e-6)
+    for key in sums:
+        np.testing.assert_allclose(float(full_sums[key]), float(sums[key]), rtol=1e-6, err_msg=key)
+    rows = np.arange(4)[:, None]
+    np.testing.assert_allclose(
+        np.asarray(full_out["mlm_logits"])[rows, batch["masked_lm_positions"]],
+        np.asarray(masked_out["mlm_logits"]),
+        atol=1e-5,
+    )
+
+
+def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
+    """vocab_pad_multiple=128: 384 table rows for 300 entries; with the unpadded model's
+    parameters (padding rows zero) logits and loss are identical and the gradient of the
+    padding rows is exactly zero, so they never influence training."""
+    model, batch = _tiny_model_and_batch()
+    padded_model, _ = _tiny_model_and_batch(vocab_pad_multiple=128)
+    params = nn.meta.unbox(model.init(jax.random.key(0), batch, deterministic=True))["params"]
+    padded = resize_vocab_rows(jax.device_get(params), 384)
+    shapes = jax.eval_shape(lambda: padded_model.init(jax.random.key(0), batch, deterministic=True))
+    assert nn.meta.unbox(shapes)["params"]["mlm_head"]["output_bias"].shape == (384,)
+    assert padded["encoder"]["embeddings"]["word_embeddings"]["embedding"].shape == (384, 32)
+
+    def loss(model, params):
+        return losses.pretraining_loss(model.apply({"params": params}, batch, deterministic=True), batch)[0]
+
+    np.testing.assert_allclose(
+        np.asarray(padded_model.apply({"params": padded}, batch, deterministic=True)["mlm_logits"]),
+        np.asarray(model.apply({"params": params}, batch, deterministic=True)["mlm_logits"]),
+        atol=1e-6,
+    )
+    grads = jax.grad(lambda p: loss(padded_model, p))(padded)
+    assert not np.any(np.asarray(grads["encoder"]["embeddings"]["word_embeddings"]["embedding"])[300:])
+    assert not np.any(np.asarray(grads["mlm_head"]["output_bias"])[300:])
+    assert np.any(np.asarray(grads["mlm_head"]["output_bias"])[:300])
+    np.testing.assert_allclose(float(loss(padded_model, padded)), float(loss(model, params)), rtol=1e-6)
+
+
 def test_input_pipeline_benchmark_prints_its_result():
     result = _json_line("bench.input_pipeline", "--batch=8", "--seq=32", "--batches=5")
     assert result["examples_per_second"] > 0 and result["tokens_per_second"] > result["examples_per_second"]
@@ -55,15 +148,7 @@ def test_input_pipeline_benchmark_prints_its_result():
 def test_packed_rows_give_each_example_its_unpacked_mlm_loss():
     """Two examples packed into one row (example_ids, restarting positions) have the same
     masked-position logits and per-example MLM loss as each example alone in its row."""
-    config = EncoderConfig(
-        vocab_size=300,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-    )
-    model = PretrainingModel(config, sentence_objective=False)
+    model = PretrainingModel(TINY, sentence_objective=False)
     rng = np.random.default_rng(0)
     lengths, length = (11, 9), 24
     examples = [rng.integers(5, 300, n).astype(np.int32) for n in lengths]

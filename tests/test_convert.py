@@ -7,6 +7,7 @@ included); exports are loaded back by transformers and compared again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import tensorflow as tf
 import torch  # requirements-test.txt: the reference implementation, CPU
 import transformers
 from flax import traverse_util
+from safetensors.numpy import load_file
 
 from data import tokenizers
 from models import convert, encode, predict
@@ -806,6 +808,24 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
         np.testing.assert_array_equal(continued[key], source[key], err_msg="/".join(key))
     heads = {key[0] for key in continued if key not in source}
     assert heads == {"mlm_head", "sentence_head"} and ("encoder", "pooler", "kernel") in source
+
+    # The recipes pad the vocab (vocab_pad_multiple): the 64-entry import fills the first 64
+    # of 128 rows, and the export drops the padding again, giving the unpadded run's files.
+    padded_config = dataclasses.replace(args["model_config"], vocab_pad_multiple=128)
+    trainer.run(str(tmp_path / "padded"), **{**args, "model_config": padded_config})
+    padded, _ = workdir_lib.load_params(str(tmp_path / "padded"))
+    padded = _flat(padded)
+    table = ("encoder", "embeddings", "word_embeddings", "embedding")
+    assert padded[table].shape == (128, 32) and padded[("mlm_head", "output_bias")].shape == (128,)
+    np.testing.assert_array_equal(padded[table][:64], source[table])
+    exported = {}
+    for name in ("continued", "padded"):
+        out = str(tmp_path / f"{name}_hf")
+        assert convert.main(["export", f"--workdir={tmp_path / name}", f"--to=hf:{out}"]) == 0
+        exported[name] = load_file(os.path.join(out, "model.safetensors"))
+    assert exported["padded"].keys() == exported["continued"].keys()
+    for key, value in exported["continued"].items():
+        np.testing.assert_array_equal(exported["padded"][key], value, err_msg=key)
 
     other = tokenizers.WordPieceTokenizer.from_vocab_file  # a different vocab: the test words reversed
     other_dir = tmp_path / "other_tokenizer"
