@@ -29,8 +29,11 @@ demo-glue: $(VENV)/.installed
 		--glue_dir=$(WORKDIR)/glue_data --workdir=$(WORKDIR)/glue --gin_file=configs/glue/demo.gin
 	cat $(WORKDIR)/glue/results.md
 
+# Two pytest workers (pytest-xdist), one test file each at a time so module fixtures are shared;
+# compiled steps are shared through the persistent cache tests/conftest.py sets up.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(TEST_ENV) $(PY) -m pytest -q
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The speed peer, HF transformers' Flax BERT, in its own venv (never in requirements.txt):
 # transformers 4.57.6 is the last release with Flax models; jax/flax/optax as ours.

@@ -2,7 +2,7 @@
 
     python -m bench.pretrain --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 \
         [--dtype=bfloat16] [--steps=10] [--predictions=20] [--mesh=data:1] \
-        [--without=masked_decoding,donation,vocab_padding] [--fused_attention]
+        [--without=masked_decoding,donation,vocab_padding] [--fused_attention] [--profile_dir=DIR]
 
 Builds the real sharded train step (trainer.build: AdamW, donated state, MLM on the P
 masked positions only, NSP) for full-length synthetic rows with P masked positions,
@@ -23,6 +23,9 @@ for P masked positions, so a variant doing more work gets no credit for it.
 times `--steps` steps each), so that a shared machine's drift hits both alike; the
 JSON then has default_seconds_per_step and variant_over_default (the ratio of seconds
 per step: what an optimisation buys, when the variant turns it off).
+`--profile_dir=DIR` then traces `--steps` more steps with jax.profiler into DIR (open
+it in TensorBoard's profile plugin or Perfetto) and prints the time per XLA operation
+kind, largest first (bench/report.py:profile_steps); the JSON gets the same table.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ _PAIRED = flags.DEFINE_bool(
     "paired", False, "also time the default step, alternating with this variant (drift-proof ratio)"
 )
 _ROUNDS = flags.DEFINE_integer("rounds", 1, "with --paired: alternate the two this many times")
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", None, "after timing, trace --steps more steps with jax.profiler here and summarise them"
+)
 
 
 def main(argv):
@@ -109,17 +115,32 @@ def main(argv):
         )
         with jax.set_mesh(mesh):
             device_batch = sharding.global_batch(batch, mesh)
-        return config, batch, (lambda state, b: setup.train_step(state, b, rng)), setup.state, device_batch
+        last_state = {}  # the state the timed steps end with (the earlier ones were donated)
+
+        def step(state, b):
+            last_state["state"], metrics = setup.train_step(state, b, rng)
+            return last_state["state"], metrics
+
+        step.last_state = last_state
+        return config, batch, step, setup.state, device_batch
 
     variants = [build(without, _FUSED_ATTENTION.value)]
     if _PAIRED.value:
         variants.append(build(set(), False))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         timings = report.time_alternately([v[2:] for v in variants], _STEPS.value, _ROUNDS.value)
+        if _PROFILE_DIR.value:
+            step, _, device_batch = variants[0][2:]
+            profile = report.profile_steps(
+                step, step.last_state["state"], device_batch, _STEPS.value, _PROFILE_DIR.value
+            )
+            print(f"profile of {_STEPS.value} steps in {_PROFILE_DIR.value}; time per XLA operation:")
+            for row in profile:
+                print(f"  {row['ms_per_step']:10.1f} ms/step  {row['share']:6.1%}  {row['op']}")
     config, batch = variants[0][:2]
-    extra = {}
+    extra = {"profile": profile} if _PROFILE_DIR.value else {}
     if _PAIRED.value:
-        extra["default_seconds_per_step"] = round(timings[1][1], 4)
+        extra["default_seconds_per_step"] = round(timings[1][1], 6)
         extra["variant_over_default"] = round(timings[0][1] / timings[1][1], 4)
     print(
         report.result_line(

@@ -6,7 +6,12 @@ too: the matmul peak, peak memory and the result line are measured identically.
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
 import json
+import os
+import re
 import resource
 import time
 
@@ -79,6 +84,39 @@ def time_alternately(runs, steps: int, rounds: int = 1, warmup: int = 2) -> list
     return [(c, t / (steps * rounds)) for c, t in zip(compiled, totals)]
 
 
+def profile_steps(step, state, batch, steps: int, directory: str, top: int = 15) -> list[dict]:
+    """Traces `steps` steps of `step` with jax.profiler into `directory` and sums its events.
+
+    The trace (TensorBoard's profile plugin or https://ui.perfetto.dev opens it) has one
+    event per executed XLA operation (a fusion, a dot, a copy ...) on CPU and, through
+    CUPTI, per kernel on GPU. Events are grouped by name with instance numbers dropped
+    (`fusion.12` -> `fusion`); returns the `top` groups as [{"op", "ms_per_step",
+    "share"}], share = fraction of the summed time of the step's XLA operations.
+    """
+    state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    jax.profiler.start_trace(directory, create_perfetto_trace=True)
+    for _ in range(steps):
+        state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    jax.profiler.stop_trace()
+    (path,) = sorted(glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True))[-1:]
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    per_op = collections.Counter()
+    for event in events:
+        name = event.get("name", "")
+        # Host-side runtime events (PjRt, thread pools, Python) are not operations of the step.
+        if event.get("ph") != "X" or re.search(r"::|\$|PjitFunction|^end: |Thunk", name):
+            continue
+        per_op[re.sub(r"[._]\d+$", "", name)] += event.get("dur", 0.0)  # microseconds
+    total = sum(per_op.values()) or 1.0
+    return [
+        {"op": op, "ms_per_step": round(us / steps / 1e3, 3), "share": round(us / total, 4)}
+        for op, us in per_op.most_common(top)
+    ]
+
+
 def model_flops_per_row(
     hidden: int,
     layers: int,
@@ -120,7 +158,7 @@ def result_line(
             "seq": seq,
             "dtype": dtype,
             "compile_seconds": round(compile_seconds, 2),
-            "seconds_per_step": round(seconds_per_step, 4),
+            "seconds_per_step": round(seconds_per_step, 6),
             "steps_per_second": round(1 / seconds_per_step, 4),
             "tokens_per_second": round(real_tokens_per_row * batch / seconds_per_step, 1),
             "model_tflops_per_second": round(model_flops / 1e12, 4),

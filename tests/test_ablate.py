@@ -66,6 +66,7 @@ def _ablate(grid, workdir, data_dir, base_gin, *extra):
     )
 
 
+@pytest.mark.slow(60)  # seconds on the 2-core CI machine
 def test_grid_runs_every_arm_then_skips_them(setup, tmp_path):
     data_dir, base_gin, grid = setup
     result = _ablate(grid, tmp_path, data_dir, base_gin)

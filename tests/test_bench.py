@@ -29,7 +29,7 @@ def _json_line(*args):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_pretrain_benchmark_prints_its_result():
+def test_pretrain_benchmark_prints_its_result(tmp_path):
     result = _json_line(
         "bench.pretrain",
         "--gin_file=configs/models/bert_tiny.gin",
@@ -37,6 +37,7 @@ def test_pretrain_benchmark_prints_its_result():
         "--batch=4",
         "--seq=32",
         "--steps=2",
+        f"--profile_dir={tmp_path}",
     )
     assert result["name"] == "ours" and result["batch"] == 4 and result["seq"] == 32
     assert result["predictions"] == 5  # 20 per 128 tokens
@@ -48,6 +49,14 @@ def test_pretrain_benchmark_prints_its_result():
     )
     assert 0 < result["mfu"] < 1 and result["peak_memory_bytes"] > 0
     assert result["config"]["vocab_size"] == 2048
+    # --profile_dir: a jax.profiler trace on disk, summarised by XLA operation, largest first.
+    assert list(tmp_path.glob("**/*.trace.json.gz"))
+    profile = result["profile"]
+    assert profile and all(row["ms_per_step"] > 0 for row in profile)
+    assert [row["share"] for row in profile] == sorted((row["share"] for row in profile), reverse=True)
+    assert 0 < sum(row["share"] for row in profile) <= 1.0001
+    # The step is mostly matmuls and fusions, not host-side runtime events.
+    assert any("fusion" in row["op"] or "dot" in row["op"] for row in profile[:3])
 
 
 def test_pretrain_benchmark_turns_each_optimisation_off():
@@ -143,6 +152,19 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
 def test_input_pipeline_benchmark_prints_its_result():
     result = _json_line("bench.input_pipeline", "--batch=8", "--seq=32", "--batches=5")
     assert result["examples_per_second"] > 0 and result["tokens_per_second"] > result["examples_per_second"]
+    assert 0 < result["fill"] <= 1 and "examples_per_row" not in result
+
+
+def test_input_pipeline_benchmark_measures_packing():
+    """DOC-SENTENCES at length 64 over documents of short sentences: document ends leave
+    short examples, which packing puts together, so rows are fuller than one per row."""
+    result = _json_line(
+        "bench.input_pipeline", "--batch=8", "--seq=64", "--batches=5", "--format=doc_sentences"
+    )
+    assert result["format"] == "doc_sentences"
+    assert result["examples_per_row"] > 1
+    assert 0 < result["unpacked_fill"] < result["fill"] <= 1
+    assert abs(result["unpacked_fill"] * result["examples_per_row"] - result["fill"]) < 1e-3
 
 
 def test_packed_rows_give_each_example_its_unpacked_mlm_loss():

@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests import fault_injection
 
 
+@pytest.mark.slow(370)  # seconds on the 2-core CI machine
 def test_fault_injection_survives_everything():
     result = subprocess.run(
         [sys.executable, "-m", "tests.fault_injection", "--kills=3", "--seed=1"],
