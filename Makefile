@@ -29,11 +29,13 @@ demo-glue: $(VENV)/.installed
 		--glue_dir=$(WORKDIR)/glue_data --workdir=$(WORKDIR)/glue --gin_file=configs/glue/demo.gin
 	cat $(WORKDIR)/glue/results.md
 
-# Two pytest workers (pytest-xdist), one test file each at a time so module fixtures are shared;
-# compiled steps are shared through the persistent cache tests/conftest.py sets up.
+# Two pytest workers (pytest-xdist), one test file each at a time so module fixtures are shared,
+# files in collection order (tests/conftest.py puts the longest first; xdist would otherwise
+# start the files with the most tests first and the 6-minute fault-injection file last).
+# Compiled steps are shared through the persistent cache tests/conftest.py sets up.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The speed peer, HF transformers' Flax BERT, in its own venv (never in requirements.txt):
 # transformers 4.57.6 is the last release with Flax models; jax/flax/optax as ours.

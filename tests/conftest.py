@@ -23,8 +23,8 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
 def pytest_collection_modifyitems(items):
     """Tests marked `slow(seconds)` (the fault-injection script, the demo, the ablation
     grid) start first, longest first: `make test` hands whole files to two workers in
-    collection order, and a 6-minute file collected last would leave one worker idle
-    while it finishes."""
+    collection order (`--no-loadscope-reorder`), and a 6-minute file started last would
+    leave one worker idle while it finishes."""
 
     def seconds(item):
         marker = item.get_closest_marker("slow")
