@@ -6,7 +6,7 @@ WORKDIR ?= workdirs/demo
 # 8 fake CPU devices so sharding tests see a mesh; harmless for the demo (it uses them all).
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: demo demo-glue test install lint clean-demo bench bench-optimisations bench-peer-venv
+.PHONY: demo demo-glue test test-fast install lint clean-demo bench bench-optimisations bench-peer-venv
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,19 @@ demo-glue: $(VENV)/.installed
 # files in collection order (tests/conftest.py puts the longest first; xdist would otherwise
 # start the files with the most tests first and the 6-minute fault-injection file last).
 # Compiled steps are shared through the persistent cache tests/conftest.py sets up.
+# First the layers contract (pyproject.toml [tool.importlinter]: no folder imports from a floor
+# above its own, lazy imports included).
 TEST_WORKERS ?= 2
+PYTEST := $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/lint-imports --no-cache
+	$(PYTEST)
+
+# The inner loop: the contract, the unit tests and a one-step smoke test of every CLI; the
+# tests marked slow (end-to-end runs, resume and mesh proofs, fault injection) are left out.
+test-fast: $(VENV)/.installed
+	$(VENV)/bin/lint-imports --no-cache
+	$(PYTEST) -m "not slow"
 
 # The speed peer, HF transformers' Flax BERT, in its own venv (never in requirements.txt):
 # transformers 4.57.6 is the last release with Flax models; jax/flax/optax as ours.

@@ -23,19 +23,33 @@ import os
 import subprocess
 import sys
 
-from absl import app, flags
-
-_GIN_FILES = flags.DEFINE_multi_string("gin_file", ["configs/models/bert_base.gin"], "model gin file(s)")
-_BATCH = flags.DEFINE_integer("batch", 32, "global batch")
-_SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
-_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare")
-_STEPS = flags.DEFINE_integer("steps", 5, "timed steps per run")
-_PEER_PYTHON = flags.DEFINE_string("peer_python", ".venv-peer/bin/python", "python of the peer's virtualenv")
-_OPTIMISATIONS = flags.DEFINE_bool("optimisations", False, "also measure each optimisation on its own")
+from bench.pretrain import OPTIMISATIONS
+from core import cli
+from core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# bench/pretrain.py --without's choices (its validator rejects any other name).
-OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding")
+
+
+class BenchError(UserError):
+    """A benchmark that cannot run (one line)."""
+
+
+def build_parser():
+    parser = cli.parser(__doc__, "bench.compare")
+    cli.add_gin_flags(parser, default_files=["configs/models/bert_base.gin"])
+    parser.add_argument("--batch", type=int, default=32, help="global batch (rows)")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    parser.add_argument(
+        "--dtypes", default="float32,bfloat16", help="compute dtypes to compare, comma-separated"
+    )
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per run")
+    parser.add_argument(
+        "--peer_python", default=".venv-peer/bin/python", help="python of the peer's virtualenv"
+    )
+    parser.add_argument(
+        "--optimisations", action="store_true", help="also measure each optimisation on its own"
+    )
+    return parser
 
 
 def _last_json(command: list[str]) -> dict:
@@ -43,30 +57,31 @@ def _last_json(command: list[str]) -> dict:
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if result.returncode != 0:
-        sys.exit(f"error: {' '.join(command[:3])} failed:\n{result.stderr[-3000:]}")
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        raise BenchError(f"{' '.join(command[:3])} failed: {errors[-1] if errors else result.stderr[-3000:]}")
     line = result.stdout.strip().splitlines()[-1]
     print(line, file=sys.stderr, flush=True)  # progress: each run takes minutes on a CPU
     return json.loads(line)
 
 
-def main(argv):
-    del argv
-    if not os.path.exists(os.path.join(ROOT, _PEER_PYTHON.value)):
-        sys.exit(f"error: no peer virtualenv at {_PEER_PYTHON.value}: run `make bench-peer-venv` first")
-    shape = [f"--batch={_BATCH.value}", f"--seq={_SEQ.value}", f"--steps={_STEPS.value}"]
+def _run(args) -> None:
+    if not os.path.exists(os.path.join(ROOT, args.peer_python)):
+        raise BenchError(f"no peer virtualenv at {args.peer_python}: run `make bench-peer-venv` first")
+    gin_files = cli.gin_files(args)
+    shape = [f"--batch={args.batch}", f"--seq={args.seq}", f"--steps={args.steps}"]
     ours_command = [
         sys.executable,
         "-m",
         "bench.pretrain",
-        *(f"--gin_file={g}" for g in _GIN_FILES.value),
+        *(f"--gin_file={g}" for g in gin_files),
         *shape,
     ]
     rows = []
-    for dtype in _DTYPES.value:
+    for dtype in args.dtypes.split(","):
         ours = _last_json([*ours_command, f"--dtype={dtype}"])
         peer = _last_json(
             [
-                _PEER_PYTHON.value,
+                args.peer_python,
                 "-m",
                 "bench.peer_hf",
                 f"--model={json.dumps(ours['config'])}",
@@ -77,12 +92,10 @@ def main(argv):
         )
         rows.append((dtype, ours, peer))
     pipeline = _last_json(
-        [sys.executable, "-m", "bench.input_pipeline", f"--batch={_BATCH.value}", f"--seq={_SEQ.value}"]
+        [sys.executable, "-m", "bench.input_pipeline", f"--batch={args.batch}", f"--seq={args.seq}"]
     )
 
-    print(
-        f"\n{', '.join(_GIN_FILES.value)}, batch {_BATCH.value} x {_SEQ.value}, on {rows[0][1]['device']}\n"
-    )
+    print(f"\n{', '.join(gin_files)}, batch {args.batch} x {args.seq}, on {rows[0][1]['device']}\n")
     print("| dtype | code | tokens/s | model TFLOP/s | MFU (measured peak) | peak memory GB | ours / peer |")
     print("|---|---|---|---|---|---|---|")
     for dtype, ours, peer in rows:
@@ -99,7 +112,7 @@ def main(argv):
         f"\ninput pipeline alone: {pipeline['examples_per_second']:.0f} examples/s, "
         f"{pipeline['tokens_per_second'] / consumed:.0f}x the tokens/s the fastest step consumes"
     )
-    optimisations = _optimisations(ours_command, rows) if _OPTIMISATIONS.value else []
+    optimisations = _optimisations(ours_command, rows) if args.optimisations else []
     print(
         json.dumps(
             {
@@ -148,5 +161,7 @@ def _optimisations(ours_command: list[str], rows: list) -> list[dict]:
     return measured
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

@@ -23,29 +23,38 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 
-from absl import app, flags
-
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "shards from data.preprocess (default: synthetic)")
-_BATCH = flags.DEFINE_integer("batch", 32, "rows per batch")
-_SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
-_BATCHES = flags.DEFINE_integer("batches", 200, "timed batches")
-_FORMAT = flags.DEFINE_string("format", "segment_pair", "PipelineConfig.format")
+from core import cli
 
 
-def main(argv):
-    del argv
+def build_parser():
+    parser = cli.parser(__doc__, "bench.input_pipeline")
+    parser.add_argument("--data_dir", default=None, help="shards from data.preprocess (default: synthetic)")
+    parser.add_argument("--batch", type=int, default=32, help="rows per batch")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    parser.add_argument("--batches", type=int, default=200, help="timed batches")
+    parser.add_argument(
+        "--format",
+        default="segment_pair",
+        choices=("segment_pair", "sentence_pair", "full_sentences", "doc_sentences"),
+        help="PipelineConfig.format",
+    )
+    return parser
+
+
+def _run(args) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     from data import pipeline
 
     tf.config.set_visible_devices([], "GPU")
-    data_dir = _DATA_DIR.value
+    data_dir = args.data_dir
     if data_dir is None:
-        from tests import synthetic
+        from data import synthetic
 
         data_dir = synthetic.write_shards(
             tempfile.mkdtemp(prefix="bench_input_"),
@@ -53,47 +62,49 @@ def main(argv):
             synthetic.make_documents(4, seed=1, first_id=190),
         )
     config = pipeline.PipelineConfig(
-        max_seq_length=_SEQ.value,
-        max_predictions_per_seq=max(1, 20 * _SEQ.value // 128),
-        format=_FORMAT.value,
-        sentence_objective="nsp" if _FORMAT.value in ("segment_pair", "sentence_pair") else "none",
+        max_seq_length=args.seq,
+        max_predictions_per_seq=max(1, 20 * args.seq // 128),
+        format=args.format,
+        sentence_objective="nsp" if args.format in ("segment_pair", "sentence_pair") else "none",
     )
-    iterator = iter(pipeline.make_dataset(data_dir, "train", config, _BATCH.value))
+    iterator = iter(pipeline.make_dataset(data_dir, "train", config, args.batch))
     for _ in range(10):
         next(iterator)
     tokens = examples = 0
     start = time.perf_counter()
-    for _ in range(_BATCHES.value):
+    for _ in range(args.batches):
         batch = next(iterator)
         tokens += int(batch["input_mask"].numpy().sum())
         # Packed rows number their examples 1..k (example_ids); other formats hold one per row.
-        examples += int(batch["example_ids"].numpy().max(1).sum()) if "example_ids" in batch else _BATCH.value
+        examples += int(batch["example_ids"].numpy().max(1).sum()) if "example_ids" in batch else args.batch
     seconds = time.perf_counter() - start
-    rows = _BATCH.value * _BATCHES.value
+    rows = args.batch * args.batches
     packing = (
         {
             "examples_per_row": round(examples / rows, 3),
-            "unpacked_fill": round(tokens / (examples * _SEQ.value), 4),
+            "unpacked_fill": round(tokens / (examples * args.seq), 4),
         }
-        if _FORMAT.value == "doc_sentences"
+        if args.format == "doc_sentences"
         else {}
     )
     print(
         json.dumps(
             {
                 "name": "input_pipeline",
-                "batch": _BATCH.value,
-                "seq": _SEQ.value,
-                "format": _FORMAT.value,
-                "fill": round(tokens / (rows * _SEQ.value), 4),
+                "batch": args.batch,
+                "seq": args.seq,
+                "format": args.format,
+                "fill": round(tokens / (rows * args.seq), 4),
                 **packing,
-                "examples_per_second": round(_BATCH.value * _BATCHES.value / seconds, 1),
+                "examples_per_second": round(args.batch * args.batches / seconds, 1),
                 "tokens_per_second": round(tokens / seconds, 1),
-                "data_dir": _DATA_DIR.value or "synthetic",
+                "data_dir": args.data_dir or "synthetic",
             }
         )
     )
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

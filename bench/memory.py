@@ -15,61 +15,63 @@ import json
 import os
 import sys
 
-from absl import app, flags
-
-_GIN_FILES = flags.DEFINE_multi_string("gin_file", [], "model gin file(s)")
-_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "extra gin bindings")
-_MESH = flags.DEFINE_string("mesh", None, "e.g. fsdp:8 or data:8")
-_BATCH = flags.DEFINE_integer("batch", 64, "global batch")
-_SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
-_PREDICTIONS = flags.DEFINE_integer("predictions", 20, "masked positions per row")
-_MICROBATCHES = flags.DEFINE_integer("microbatches", 1, "gradient accumulation steps")
-_FAKE_DEVICES = flags.DEFINE_integer("fake_devices", 0, "run on this many fake CPU devices")
+from core import cli
 
 
-def main(argv):
-    del argv
-    if _FAKE_DEVICES.value:
-        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_FAKE_DEVICES.value}"
+def build_parser():
+    parser = cli.parser(__doc__, "bench.memory")
+    cli.add_gin_flags(parser)
+    parser.add_argument("--mesh", default=None, help="e.g. fsdp:8 or data:8; default every device on data")
+    parser.add_argument("--batch", type=int, default=64, help="global batch (rows)")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    parser.add_argument("--predictions", type=int, default=20, help="masked positions per row")
+    parser.add_argument("--microbatches", type=int, default=1, help="gradient accumulation steps")
+    parser.add_argument("--fake_devices", type=int, default=0, help="run on this many fake CPU devices")
+    return parser
+
+
+def _run(args) -> None:
+    if args.fake_devices:
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.fake_devices}"
         os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     import numpy as np
 
+    from core import optim, sharding
+    from data.pipeline import PipelineConfig
     from models.encoder import EncoderConfig
-    from pretrain import cli, optim, sharding, trainer
+    from pretrain import step as step_lib
+    from pretrain import trainer  # noqa: F401  (registers what model and recipe files bind)
+    from pretrain.objectives import make_objective
 
-    with cli.user_errors():
-        cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
-        config = EncoderConfig()
-        mesh = sharding.make_mesh(_MESH.value)
-        sharding.check_batch_size(_BATCH.value, mesh, 1, _MICROBATCHES.value)
-    optimizer, schedule = optim.adamw(total_steps=1000)
-    b, l, p = _BATCH.value, _SEQ.value, _PREDICTIONS.value
-    batch = {
-        **{k: np.zeros((b, l), np.int32) for k in ("input_ids", "input_mask", "segment_ids", "positions")},
-        **{k: np.zeros((b, p), np.int32) for k in ("masked_lm_positions", "masked_lm_ids")},
-        "masked_lm_weights": np.zeros((b, p), np.float32),
-        "sentence_label": np.zeros((b,), np.int32),
-    }
-    example = {k: v[:1] for k, v in batch.items()}
-    rules = sharding.logical_axis_rules()
-    setup = trainer.build(
-        config, optimizer, schedule, example, mesh, rules, 0, True, _MICROBATCHES.value, materialize=False
+    cli.parse_gin(cli.gin_files(args), args.gin_bindings)
+    partitioner = sharding.Partitioner.create(args.mesh)
+    sharding.check_batch_size(args.batch, partitioner.mesh, 1, args.microbatches)
+    objective = make_objective(
+        EncoderConfig(), PipelineConfig(max_seq_length=args.seq, max_predictions_per_seq=args.predictions)
     )
-    abstract_batch = {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding.batch_sharding(mesh))
-        for k, v in batch.items()
+    optimizer, schedule = optim.adamw(total_steps=1000)
+    steps = step_lib.build(
+        objective=objective,
+        optimizer=optimizer,
+        schedule=schedule,
+        partitioner=partitioner,
+        microbatches=args.microbatches,
+    )
+    spec = objective.batch_spec(args.batch, args.seq, args.predictions)
+    batch = {
+        k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=partitioner.batch_sharding)
+        for k, s in spec.items()
     }
-    import flax.linen as nn
-
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        compiled = setup.train_step.lower(setup.state, abstract_batch, jax.random.key(0)).compile()
+    with partitioner:
+        compiled = steps.train_step.lower(steps.states.abstract, batch, jax.random.key(0)).compile()
     analysis = compiled.memory_analysis()
-    batch_bytes = sum(v.nbytes for v in batch.values()) // sharding.data_parallel_size(mesh)
+    batch_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.values())
+    batch_bytes //= partitioner.data_parallel_size
     result = {
-        "mesh": dict(mesh.shape),
-        "batch": b,
-        "seq": l,
+        "mesh": dict(partitioner.mesh.shape),
+        "batch": args.batch,
+        "seq": args.seq,
         "state_bytes_per_device": int(analysis.argument_size_in_bytes - batch_bytes),
         "temp_bytes_per_device": int(analysis.temp_size_in_bytes),
         "total_bytes_per_device": int(
@@ -82,5 +84,7 @@ def main(argv):
     print(json.dumps(result))
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    sys.exit(app.run(main))
+    sys.exit(main())

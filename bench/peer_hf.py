@@ -17,8 +17,8 @@ masked positions as ours (bench/report.py), same JSON result line.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,17 +28,25 @@ from flax import traverse_util
 from transformers import BertConfig, FlaxBertForPreTraining
 
 from bench import report
+from core import cli, flops
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="our EncoderConfig as JSON")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--predictions", type=int, default=20)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--steps", type=int, default=10)
-    args = parser.parse_args()
+def build_parser():
+    parser = cli.parser(__doc__, "bench.peer_hf")
+    parser.add_argument(
+        "--model", required=True, help="our EncoderConfig as JSON (bench/compare.py passes it)"
+    )
+    parser.add_argument("--batch", type=int, default=32, help="global batch (rows)")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    parser.add_argument("--predictions", type=int, default=20, help="masked positions per row")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
+    parser.add_argument(
+        "--steps", type=int, default=10, help="timed steps after compilation and 2 warm-up steps"
+    )
+    return parser
+
+
+def _run(args) -> None:
     ours = json.loads(args.model)
     config = BertConfig(
         vocab_size=ours["vocab_size"],
@@ -111,13 +119,14 @@ def main() -> None:
             seq=args.seq,
             real_tokens_per_row=float(batch["input_mask"].sum(1).mean()),
             # Credited with the same model FLOPs as ours: its extra [B, L, V] work gets no credit.
-            flops_per_row=report.model_flops_per_row(
-                ours["hidden_size"],
-                ours["num_layers"],
-                ours["intermediate_size"],
-                ours["vocab_size"],
-                args.seq,
-                args.predictions,
+            flops_per_row=flops.bert_pretraining(
+                hidden=ours["hidden_size"],
+                layers=ours["num_layers"],
+                intermediate=ours["intermediate_size"],
+                vocab=ours["vocab_size"],
+                seq=args.seq,
+                predictions=args.predictions,
+                embedding=ours.get("embedding_size"),
             ),
             dtype=args.dtype,
             compile_seconds=compile_seconds,
@@ -127,5 +136,7 @@ def main() -> None:
     )
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

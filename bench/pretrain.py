@@ -4,12 +4,13 @@
         [--dtype=bfloat16] [--steps=10] [--predictions=20] [--mesh=data:1] \
         [--without=masked_decoding,donation,vocab_padding] [--fused_attention] [--profile_dir=DIR]
 
-Builds the real sharded train step (trainer.build: AdamW, donated state, MLM on the P
-masked positions only, NSP) for full-length synthetic rows with P masked positions,
-compiles it, runs 2 warm-up steps and times `--steps` more. The last line is one JSON
-object (bench/report.py): compile seconds, steps/s, non-pad tokens/s, model TFLOP/s by
-PERFORMANCE.md's formula, this device's matmul peak measured in the same run and
-dtype, MFU and peak memory. `--fake_devices=N` runs on N fake CPU devices.
+Builds the real sharded train step (pretrain/step.py `build`, for the gin files' objective,
+by default MLM + NSP: AdamW, donated state, MLM on the P masked positions only) for
+full-length synthetic rows with P masked positions, compiles it, runs 2 warm-up steps and
+times `--steps` more. The last line is one JSON object (bench/report.py): compile
+seconds, steps/s, non-pad tokens/s, model TFLOP/s counted by core/flops.py
+(docs/performance.md), this device's matmul peak measured in the same run and dtype, MFU
+and peak memory. `--fake_devices=N` runs on N fake CPU devices.
 
 `--without=X,...` turns off one of our optimisations, to measure what each buys:
 `masked_decoding` (the MLM head decodes all L positions, loss unchanged:
@@ -30,116 +31,146 @@ kind, largest first (bench/report.py:profile_steps); the JSON gets the same tabl
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+import sys
 
-from absl import app, flags
+from core import cli
 
-_GIN_FILES = flags.DEFINE_multi_string("gin_file", [], "model gin file(s)")
-_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "extra gin bindings")
-_BATCH = flags.DEFINE_integer("batch", 32, "global batch (rows)")
-_SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
-_PREDICTIONS = flags.DEFINE_integer(
-    "predictions", None, "masked positions per row (default 20 per 128 tokens)"
-)
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype (params stay float32)")
-_STEPS = flags.DEFINE_integer("steps", 10, "timed steps after compilation and 2 warm-up steps")
-_MESH = flags.DEFINE_string("mesh", None, "e.g. data:8; default every device on data")
-_FAKE_DEVICES = flags.DEFINE_integer("fake_devices", 0, "run on this many fake CPU devices")
-_VOCAB_PAD = flags.DEFINE_integer(
-    "vocab_pad_multiple", 128, "EncoderConfig.vocab_pad_multiple, as the pretraining recipes bind it"
-)
 OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding")
-_WITHOUT = flags.DEFINE_list("without", [], f"optimisations to turn off, of {', '.join(OPTIMISATIONS)}")
-flags.register_validator(
-    "without", lambda names: set(names) <= set(OPTIMISATIONS), f"--without takes {', '.join(OPTIMISATIONS)}"
-)
-_FUSED_ATTENTION = flags.DEFINE_bool(
-    "fused_attention", False, "attention dropout 0, so attention runs jax.nn.dot_product_attention"
-)
-_PAIRED = flags.DEFINE_bool(
-    "paired", False, "also time the default step, alternating with this variant (drift-proof ratio)"
-)
-_ROUNDS = flags.DEFINE_integer("rounds", 1, "with --paired: alternate the two this many times")
-_PROFILE_DIR = flags.DEFINE_string(
-    "profile_dir", None, "after timing, trace --steps more steps with jax.profiler here and summarise them"
-)
 
 
-def main(argv):
-    del argv
-    if _FAKE_DEVICES.value:
-        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_FAKE_DEVICES.value}"
+def build_parser():
+    parser = cli.parser(__doc__, "bench.pretrain")
+    cli.add_gin_flags(parser)
+    parser.add_argument("--batch", type=int, default=32, help="global batch (rows)")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    parser.add_argument(
+        "--predictions", type=int, default=None, help="masked positions per row (default 20 per 128 tokens)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="compute dtype (params stay float32)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=10, help="timed steps after compilation and 2 warm-up steps"
+    )
+    parser.add_argument("--mesh", default=None, help="e.g. data:8; default every device on data")
+    parser.add_argument("--fake_devices", type=int, default=0, help="run on this many fake CPU devices")
+    parser.add_argument(
+        "--vocab_pad_multiple",
+        type=int,
+        default=128,
+        help="EncoderConfig.vocab_pad_multiple, as the pretraining recipes bind it",
+    )
+    parser.add_argument(
+        "--without",
+        type=_optimisations,
+        default=[],
+        help=f"optimisations to turn off, comma-separated, of {', '.join(OPTIMISATIONS)}",
+    )
+    parser.add_argument(
+        "--fused_attention",
+        action="store_true",
+        help="attention dropout 0, so attention runs jax.nn.dot_product_attention",
+    )
+    parser.add_argument(
+        "--paired", action="store_true", help="also time the default step, alternating with this variant"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --paired: alternate the two this many times"
+    )
+    parser.add_argument(
+        "--profile_dir",
+        default=None,
+        help="after timing, trace --steps more steps with jax.profiler here and summarise them",
+    )
+    return parser
+
+
+def _optimisations(text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    unknown = sorted(set(names) - set(OPTIMISATIONS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}: --without takes {', '.join(OPTIMISATIONS)}")
+    return names
+
+
+def _run(args) -> None:
+    if args.fake_devices:
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.fake_devices}"
         os.environ["JAX_PLATFORMS"] = "cpu"
-    import flax.linen as nn
     import jax
 
     from bench import report
+    from core import optim, sharding
+    from data.pipeline import PipelineConfig
     from models.encoder import EncoderConfig
-    from models.pretraining import flops_per_sequence
-    from pretrain import cli, optim, sharding, trainer
+    from pretrain import step as step_lib
+    from pretrain import trainer  # noqa: F401  (registers what model and recipe files bind)
+    from pretrain.objectives import make_objective
 
-    batch_size, seq = _BATCH.value, _SEQ.value
-    predictions = _PREDICTIONS.value or max(1, 20 * seq // 128)
-    without = set(_WITHOUT.value)
-    with cli.user_errors():
-        cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
-        mesh = sharding.make_mesh(_MESH.value)
-        sharding.check_batch_size(batch_size, mesh, jax.process_count())
-    rules = sharding.logical_axis_rules()
+    batch_size, seq = args.batch, args.seq
+    predictions = args.predictions or max(1, 20 * seq // 128)
+    without = set(args.without)
+    cli.parse_gin(cli.gin_files(args), args.gin_bindings)
+    partitioner = sharding.Partitioner.create(args.mesh)
+    sharding.check_batch_size(batch_size, partitioner.mesh, jax.process_count())
     optimizer, schedule = optim.adamw(total_steps=10_000, learning_rate=1e-4, warmup_steps=100)
+    pipeline_config = PipelineConfig(max_seq_length=seq, max_predictions_per_seq=predictions)
     rng = jax.random.key(1)
 
     def build(without: set[str], fused_attention: bool):
-        """(config, rows, step, state, device batch) of one variant of our train step."""
+        """(objective, rows, step, state, device batch) of one variant of our train step."""
         config = dataclasses.replace(
             EncoderConfig(),
-            dtype=_DTYPE.value,
-            vocab_pad_multiple=1 if "vocab_padding" in without else _VOCAB_PAD.value,
+            dtype=args.dtype,
+            vocab_pad_multiple=1 if "vocab_padding" in without else args.vocab_pad_multiple,
         )
         if fused_attention:
             config = dataclasses.replace(config, attention_dropout_rate=0.0)
+        objective = make_objective(config, pipeline_config)
         batch = report.synthetic_batch(batch_size, seq, predictions, config.vocab_size)
         if "masked_decoding" in without:
             batch = report.all_positions_batch(batch)
-        setup = trainer.build(
-            config,
-            optimizer,
-            schedule,
-            {k: v[:1] for k, v in batch.items()},
-            mesh,
-            rules,
-            seed=0,
-            sentence_objective=True,
+        batch = {k: batch[k] for k in objective.batch_spec(1, seq, predictions)}
+        steps = step_lib.build(
+            objective=objective,
+            optimizer=optimizer,
+            schedule=schedule,
+            partitioner=partitioner,
             donate="donation" not in without,
         )
-        with jax.set_mesh(mesh):
-            device_batch = sharding.global_batch(batch, mesh)
+        with partitioner:
+            device_batch = partitioner.global_batch(batch)
         last_state = {}  # the state the timed steps end with (the earlier ones were donated)
 
         def step(state, b):
-            last_state["state"], metrics = setup.train_step(state, b, rng)
+            last_state["state"], metrics = steps.train_step(state, b, rng)
             return last_state["state"], metrics
 
         step.last_state = last_state
-        return config, batch, step, setup.state, device_batch
+        return objective, batch, step, steps.states(jax.random.key(0)), device_batch
 
-    variants = [build(without, _FUSED_ATTENTION.value)]
-    if _PAIRED.value:
+    variants = [build(without, args.fused_attention)]
+    if args.paired:
         variants.append(build(set(), False))
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        timings = report.time_alternately([v[2:] for v in variants], _STEPS.value, _ROUNDS.value)
-        if _PROFILE_DIR.value:
+    with partitioner:
+        timings = report.time_alternately([v[2:] for v in variants], args.steps, args.rounds)
+        if args.profile_dir:
             step, _, device_batch = variants[0][2:]
             profile = report.profile_steps(
-                step, step.last_state["state"], device_batch, _STEPS.value, _PROFILE_DIR.value
+                step, step.last_state["state"], device_batch, args.steps, args.profile_dir
             )
-            print(f"profile of {_STEPS.value} steps in {_PROFILE_DIR.value}; time per XLA operation:")
+            print(f"profile of {args.steps} steps in {args.profile_dir}; time per XLA operation:")
             for row in profile:
                 print(f"  {row['ms_per_step']:10.1f} ms/step  {row['share']:6.1%}  {row['op']}")
-    config, batch = variants[0][:2]
-    extra = {"profile": profile} if _PROFILE_DIR.value else {}
-    if _PAIRED.value:
+    objective, batch = variants[0][:2]
+    extra = {"profile": profile} if args.profile_dir else {}
+    if args.paired:
         extra["default_seconds_per_step"] = round(timings[1][1], 6)
         extra["variant_over_default"] = round(timings[0][1] / timings[1][1], 4)
     print(
@@ -148,18 +179,21 @@ def main(argv):
             batch=batch_size,
             seq=seq,
             real_tokens_per_row=float(batch["input_mask"].sum(1).mean()),
-            flops_per_row=flops_per_sequence(config, seq, predictions),
-            dtype=_DTYPE.value,
+            flops_per_row=objective.flops_per_row(seq, predictions),
+            dtype=args.dtype,
             compile_seconds=timings[0][0],
             seconds_per_step=timings[0][1],
             predictions=predictions,
             without=sorted(without),
-            fused_attention=_FUSED_ATTENTION.value,
+            fused_attention=args.fused_attention,
+            objective=type(objective).__name__,
             **extra,
-            config=dataclasses.asdict(config),
+            config=dataclasses.asdict(objective.model_config),
         )
     )
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

@@ -117,23 +117,6 @@ def profile_steps(step, state, batch, steps: int, directory: str, top: int = 15)
     ]
 
 
-def model_flops_per_row(
-    hidden: int,
-    layers: int,
-    intermediate: int,
-    vocab: int,
-    seq: int,
-    predictions: int,
-    embedding: int | None = None,
-) -> float:
-    """PERFORMANCE.md's training FLOPs per row (matmuls, forward + backward = 3x forward)."""
-    flops = layers * (2 * seq * (4 * hidden * hidden + 2 * hidden * intermediate) + 4 * seq * seq * hidden)
-    flops += 2 * predictions * (hidden * hidden + hidden * vocab)
-    if embedding is not None and embedding != hidden:
-        flops += 2 * seq * embedding * hidden
-    return 3.0 * flops
-
-
 def result_line(
     name: str,
     *,
@@ -176,7 +159,7 @@ def synthetic_batch(
     """Full-length rows with P distinct masked positions, as `data.pipeline` emits them.
 
     input_ids [B, L] int32 (ids in the upper part of the vocab, clear of special tokens),
-    input_mask [B, L] all 1,
+    input_mask [B, L] all 1, positions [B, L] 0..L-1,
     segment_ids [B, L] (second half 1), masked_lm_positions/ids [B, P] int32,
     masked_lm_weights [B, P] float32 all 1, sentence_label [B] int32.
     """
@@ -188,6 +171,7 @@ def synthetic_batch(
     return {
         "input_ids": input_ids,
         "input_mask": np.ones((batch, seq), np.int32),
+        "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq)).copy(),
         "segment_ids": (np.arange(seq)[None, :] >= seq // 2).astype(np.int32).repeat(batch, 0),
         "masked_lm_positions": positions.astype(np.int32),
         "masked_lm_ids": np.take_along_axis(input_ids, positions, axis=1),

@@ -34,6 +34,8 @@ from typing import Iterator
 
 import tensorflow as tf
 
+from core.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class Document:
@@ -50,7 +52,7 @@ class Document:
     source: str
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError):
     """A user-facing problem with a corpus (one line: what is wrong, where, what to do)."""
 
 

@@ -51,6 +51,8 @@ from typing import Mapping
 
 import tensorflow as tf
 
+from data import pair_layout
+
 Features = Mapping[str, tf.Tensor]
 
 # Salts keep the random streams of different decisions independent.
@@ -59,8 +61,6 @@ _SALT_CHUNK = 2
 _SALT_RANDOM_B = 3
 _SALT_TRUNCATE = 4
 _SALT_SWAP = 5
-
-PAIR_FORMATS = ("bert", "roberta")
 
 
 def derive_seed(seed: tf.Tensor, *parts) -> tf.Tensor:
@@ -263,34 +263,20 @@ def truncate_pair(pair: Features, *, seed: tf.Tensor, max_num_tokens: int) -> di
 def format_pair(
     pair: Features, *, max_seq_length: int, cls_id: int, sep_id: int, pad_id: int, pair_format: str = "bert"
 ) -> dict[str, tf.Tensor]:
-    """The pair as one padded row (stage 5).
+    """The pair as one padded row (stage 5), in the layout `pair_format` names
+    (data/pair_layout.py): "bert" `[CLS] A [SEP] B [SEP]` with segment ids 0 then 1, or
+    "roberta" `<s> A </s></s> B </s>` with segment ids all 0 (cls_id / sep_id are <s> / </s>).
 
-    pair_format "bert": `[CLS] A [SEP] B [SEP]`, segment_ids 0 for CLS, A and the first
-    SEP, 1 for B and the last SEP; "roberta": `<s> A </s></s> B </s>` (cls_id / sep_id
-    are <s> / </s>), segment_ids all 0 (RoBERTa has no segment embedding in use).
-
-    pair: a_tokens [A] int32, b_tokens [B] int32 (A + B <= max_seq_length - num_pair_specials),
-    is_random_next [] bool. Returns input_ids, input_mask, segment_ids, positions
-    (all [max_seq_length] int32) and sentence_label [] int32 (1 = NotNext, or swapped for SOP).
+    pair: a_tokens [A] int32, b_tokens [B] int32 (A + B <= max_seq_length - the layout's
+    num_specials()), is_random_next [] bool. Returns input_ids, input_mask, segment_ids,
+    positions (all [max_seq_length] int32) and sentence_label [] int32 (1 = NotNext, or
+    swapped for SOP).
     """
-    a, b = pair["a_tokens"], pair["b_tokens"]
-    cls, sep = tf.constant([cls_id], tf.int32), tf.constant([sep_id], tf.int32)
-    if pair_format == "bert":
-        tokens = tf.concat([cls, a, sep, b, sep], axis=0)
-        segment = tf.concat([tf.zeros([tf.size(a) + 2], tf.int32), tf.ones([tf.size(b) + 1], tf.int32)], 0)
-    elif pair_format == "roberta":
-        tokens = tf.concat([cls, a, sep, sep, b, sep], axis=0)
-        segment = tf.zeros_like(tokens)
-    else:
-        raise ValueError(f"pair_format must be one of {PAIR_FORMATS}, got {pair_format!r}")
+    layout = pair_layout.get(pair_format)
+    tokens, segment = layout.tensors(pair["a_tokens"], pair["b_tokens"], cls_id=cls_id, sep_id=sep_id)
     result = _pad_row(tokens, segment, max_seq_length, pad_id)
     result["sentence_label"] = tf.cast(pair["is_random_next"], tf.int32)
     return result
-
-
-def num_pair_specials(pair_format: str) -> int:
-    """Special tokens in a formatted pair: 3 for BERT, 4 for RoBERTa's `<s> A </s></s> B </s>`."""
-    return {"bert": 3, "roberta": 4}[pair_format]
 
 
 def _pad_row(tokens: tf.Tensor, segment: tf.Tensor, max_seq_length: int, pad_id: int) -> dict[str, tf.Tensor]:

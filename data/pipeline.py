@@ -33,7 +33,9 @@ import os
 import gin
 import tensorflow as tf
 
-from data import instances, masking, shards, tokenizers
+from core.errors import ConfigError
+from data import instances, masking, pair_layout, shards, tokenizers
+from data.shards import Vocab
 
 _SALT_DOC = 11
 _SALT_MASK = 12
@@ -91,30 +93,30 @@ class PipelineConfig:
 
     def __post_init__(self):
         if self.masking not in ("static", "dynamic"):
-            raise ValueError(f"PipelineConfig.masking must be 'static' or 'dynamic', got {self.masking!r}")
+            raise ConfigError(f"PipelineConfig.masking must be 'static' or 'dynamic', got {self.masking!r}")
         if self.max_seq_length < 8:
-            raise ValueError(f"PipelineConfig.max_seq_length={self.max_seq_length} is too short (>= 8)")
+            raise ConfigError(f"PipelineConfig.max_seq_length={self.max_seq_length} is too short (>= 8)")
         if self.dupe_factor < 1:
-            raise ValueError(f"PipelineConfig.dupe_factor must be >= 1, got {self.dupe_factor}")
+            raise ConfigError(f"PipelineConfig.dupe_factor must be >= 1, got {self.dupe_factor}")
         if self.format not in FORMATS:
-            raise ValueError(f"PipelineConfig.format must be one of {FORMATS}, got {self.format!r}")
+            raise ConfigError(f"PipelineConfig.format must be one of {FORMATS}, got {self.format!r}")
         if self.sentence_objective not in SENTENCE_OBJECTIVES:
-            raise ValueError(
+            raise ConfigError(
                 f"PipelineConfig.sentence_objective must be one of {SENTENCE_OBJECTIVES}, "
                 f"got {self.sentence_objective!r}"
             )
         if self.format in ("full_sentences", "doc_sentences") and self.sentence_objective != "none":
-            raise ValueError(
+            raise ConfigError(
                 f"PipelineConfig.format={self.format!r} has no sentence pair: set "
-                "PipelineConfig.sentence_objective = 'none' (and run.sentence_objective = False)"
+                "PipelineConfig.sentence_objective = 'none'"
             )
-        if self.pair_format not in (None, *instances.PAIR_FORMATS):
-            raise ValueError(
-                f"PipelineConfig.pair_format must be None or one of {instances.PAIR_FORMATS}, "
+        if self.pair_format not in (None, *pair_layout.NAMES):
+            raise ConfigError(
+                f"PipelineConfig.pair_format must be None or one of {pair_layout.NAMES}, "
                 f"got {self.pair_format!r}"
             )
         if self.masking_unit not in masking.MASKING_UNITS:
-            raise ValueError(
+            raise ConfigError(
                 f"PipelineConfig.masking_unit must be one of {masking.MASKING_UNITS}, "
                 f"got {self.masking_unit!r}"
             )
@@ -122,45 +124,16 @@ class PipelineConfig:
             derived = derived_max_predictions(self.max_seq_length, self.masked_lm_prob)
             object.__setattr__(self, "max_predictions_per_seq", derived)
         elif self.max_predictions_per_seq < 1:
-            raise ValueError(
+            raise ConfigError(
                 "PipelineConfig.max_predictions_per_seq must be >= 1 or None, "
                 f"got {self.max_predictions_per_seq}"
             )
 
 
-@dataclasses.dataclass(frozen=True)
-class Vocab:
-    """The token ids the pipeline needs, read from the shards' manifest.
-
-    pair_format: "bert" or "roberta" when the manifest names it (a top-level
-    `pair_format`, or one in the tokenizer's identity), else None
-    (PipelineConfig.pair_format or "bert" decides).
-    """
-
-    size: int
-    pad_id: int
-    cls_id: int
-    sep_id: int
-    mask_id: int
-    pair_format: str | None = None
-
-    @classmethod
-    def from_manifest(cls, manifest: dict) -> "Vocab":
-        ids = manifest["special_ids"]
-        return cls(
-            size=manifest["vocab_size"],
-            pad_id=ids["pad"],
-            cls_id=ids["cls"],
-            sep_id=ids["sep"],
-            mask_id=ids["mask"],
-            pair_format=manifest.get("pair_format") or manifest.get("tokenizer", {}).get("pair_format"),
-        )
-
-
 def resolve_pair_format(config: PipelineConfig, vocab: Vocab) -> str:
     """The pair layout: the config's if set, else the tokenizer's, else BERT's."""
     if config.pair_format and vocab.pair_format and config.pair_format != vocab.pair_format:
-        raise ValueError(
+        raise ConfigError(
             f"PipelineConfig.pair_format={config.pair_format!r} but the shards' tokenizer uses "
             f"{vocab.pair_format!r}: unset PipelineConfig.pair_format or preprocess with a matching tokenizer"
         )
@@ -174,8 +147,7 @@ def host_files(data_dir: str, split: str, process_index: int, process_count: int
     host reads all files and keeps every process_count-th document (slower, but no host
     starves and no document is read twice).
     """
-    manifest = shards.load_manifest(data_dir)
-    files = [os.path.join(data_dir, f) for f in manifest["splits"][split]["files"]]
+    files = shards.load_manifest(data_dir).files(split)
     if len(files) >= process_count:
         if len(files) % process_count:
             logging.warning(
@@ -322,7 +294,7 @@ def instance_stream(
 def _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_stream) -> tf.data.Dataset:
     """SEGMENT-PAIR / SENTENCE-PAIR rows with NSP, SOP or no sentence label."""
     objective = config.sentence_objective
-    max_num_tokens = config.max_seq_length - instances.num_pair_specials(pair_format)
+    max_num_tokens = config.max_seq_length - pair_layout.get(pair_format).num_specials()
 
     def chunks(doc):
         seed = instances.derive_seed(base, _SALT_DOC, copy_of(doc["epoch"]), doc["doc_id"])
@@ -445,8 +417,7 @@ def make_dataset(
       shuffle: False gives a fixed order (eval): documents and instances unshuffled.
       first_epoch: number of the first epoch (eval uses a fixed epoch, so fixed masks).
     """
-    manifest = shards.load_manifest(data_dir)
-    vocab = Vocab.from_manifest(manifest)
+    vocab = shards.load_manifest(data_dir).vocab
     word_starts = None if config.masking_unit == "token" else load_word_starts(data_dir)
     files, shard_documents = host_files(data_dir, split, process_index, process_count)
     options = tf.data.Options()

@@ -33,12 +33,14 @@ from typing import Iterator, Sequence
 
 import tensorflow as tf
 
+from core import cli
+from core.errors import UserError
 from data import corpora, shards, tokenizers
 
 _BATCH_DOCUMENTS = 64
 
 
-class PreprocessError(ValueError):
+class PreprocessError(UserError):
     """A user-facing problem with the inputs of preprocessing (one line)."""
 
 
@@ -116,7 +118,7 @@ def preprocess(
     overwrite: bool = False,
     corpus_kwargs: dict | None = None,
     log=print,
-) -> dict:
+) -> shards.Manifest:
     """Writes the shards and the manifest; returns the manifest. See the module docstring."""
     corpus_kwargs = corpus_kwargs or {}
     tokenizer = tokenizers.load_tokenizer(tokenizer_path)
@@ -130,11 +132,9 @@ def preprocess(
     manifest_path = os.path.join(output, shards.MANIFEST)
     if tf.io.gfile.exists(manifest_path):
         existing = shards.load_manifest(output)
-        if existing.get("fingerprint") == fingerprint:
-            log(
-                f"{output} is up to date "
-                f"({existing['splits']['train']['documents']} train documents); nothing to do"
-            )
+        if existing.fields.get("fingerprint") == fingerprint:
+            documents = existing.splits["train"]["documents"]
+            log(f"{output} is up to date ({documents} train documents); nothing to do")
             return existing
         if not overwrite:
             raise PreprocessError(
@@ -243,52 +243,67 @@ def preprocess(
         "seconds": round(time.time() - start, 1),
     }
     shards.write_manifest(output, manifest)
+    written = shards.Manifest(output, manifest)
     log(
         f"wrote {output}: {stats['train'].documents} train / {stats['eval'].documents} eval documents, "
         f"{stats['train'].tokens + stats['eval'].tokens} tokens, {num_shards}+{num_eval_shards} shards "
         f"in {manifest['seconds']} s (dropped {dropped_sentences} sentences with no tokens)"
     )
-    return manifest
+    return written
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser():
+    parser = cli.parser(__doc__, "data.preprocess")
     parser.add_argument(
         "--corpus", required=True, help="'demo', 'tfds:NAME[:SPLIT]', or text file globs (comma-separated)"
     )
-    parser.add_argument("--tokenizer", required=True, help="tokenizer directory (or a vocab.txt)")
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--num_shards", type=int, default=8)
-    parser.add_argument("--num_eval_shards", type=int, default=1)
-    parser.add_argument("--eval_fraction", type=float, default=0.02)
-    parser.add_argument("--num_workers", type=int, default=None)
-    parser.add_argument("--max_single_sentence_fraction", type=float, default=0.5)
-    parser.add_argument("--max_line_chars", type=int, default=100_000)
-    parser.add_argument("--tfds_data_dir", default=None)
-    parser.add_argument("--overwrite", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--tokenizer", required=True, help="tokenizer directory (data.tokenizers train, or published files)"
+    )
+    parser.add_argument("--output", required=True, help="directory for the shards and manifest.json")
+    parser.add_argument("--num_shards", type=int, default=8, help="training shard files (>= the hosts)")
+    parser.add_argument("--num_eval_shards", type=int, default=1, help="held-out shard files")
+    parser.add_argument(
+        "--eval_fraction", type=float, default=0.02, help="fraction of documents held out (by a hash)"
+    )
+    parser.add_argument(
+        "--num_workers", type=int, default=None, help="tokenizing processes (default: the cores, at most 8)"
+    )
+    parser.add_argument(
+        "--max_single_sentence_fraction",
+        type=float,
+        default=0.5,
+        help="more one-sentence documents than this is an error (a text file not one sentence per line)",
+    )
+    parser.add_argument(
+        "--max_line_chars", type=int, default=100_000, help="a longer line in a text corpus is an error"
+    )
+    parser.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir for --corpus=tfds:NAME")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace shards made from other inputs in --output"
+    )
+    return parser
+
+
+def _run(args) -> None:
     corpus_kwargs = {"max_line_chars": args.max_line_chars}
     if args.corpus.startswith("tfds:") and args.tfds_data_dir:
         corpus_kwargs["tfds_data_dir"] = args.tfds_data_dir
-    try:
-        preprocess(
-            args.corpus,
-            args.tokenizer,
-            args.output,
-            num_shards=args.num_shards,
-            num_eval_shards=args.num_eval_shards,
-            eval_fraction=args.eval_fraction,
-            num_workers=args.num_workers,
-            overwrite=args.overwrite,
-            max_single_sentence_fraction=args.max_single_sentence_fraction,
-            corpus_kwargs=corpus_kwargs,
-        )
-    except (PreprocessError, shards.ShardsError, corpora.CorpusError, tokenizers.TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    preprocess(
+        args.corpus,
+        args.tokenizer,
+        args.output,
+        num_shards=args.num_shards,
+        num_eval_shards=args.num_eval_shards,
+        eval_fraction=args.eval_fraction,
+        num_workers=args.num_workers,
+        overwrite=args.overwrite,
+        max_single_sentence_fraction=args.max_single_sentence_fraction,
+        corpus_kwargs=corpus_kwargs,
+    )
+
+
+main = cli.entry(build_parser, _run)
 
 
 if __name__ == "__main__":

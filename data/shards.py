@@ -13,22 +13,28 @@ Each record has the features
     sentence_lengths  int64 list   tokens per sentence (all > 0)
     doc_id            int64        position of the document in the corpus (unique)
 (parsed back by `data.instances.parse_document`).
+
+`load_manifest` is the one reader of manifest.json: every stage (pipeline, trainer,
+demo, ablation runner, continued pretraining) takes the `Manifest` it returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
+
+from core.errors import UserError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 
 
-class ShardsError(ValueError):
+class ShardsError(UserError):
     """A user-facing problem with a preprocessed directory (one line)."""
 
 
@@ -48,7 +54,66 @@ def encode_document(doc_id: int, sentences: Sequence[Sequence[int]]) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def load_manifest(directory: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Vocab:
+    """The token ids the pipeline and objectives need, from the manifest.
+
+    pair_format: "bert" or "roberta" when the manifest names it (a top-level
+    `pair_format`, or one in the tokenizer's identity), else None
+    (PipelineConfig.pair_format or "bert" decides).
+    """
+
+    size: int
+    pad_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    pair_format: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A preprocessed directory's manifest.json, read once (`load_manifest`).
+
+    directory: the preprocessed directory. vocab_size: tokenizer entries. tokenizer: the
+    tokenizer's identity() dict (its "kind", hashes ...). vocab: the special ids.
+    splits: {"train" / "eval": {"files": [names], "documents", "sentences", "tokens", ...}}.
+    fields: the whole JSON object (preprocess's fingerprint, counts, timing).
+    """
+
+    directory: str
+    fields: dict[str, Any]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.fields["vocab_size"]
+
+    @property
+    def tokenizer(self) -> dict[str, Any]:
+        return self.fields.get("tokenizer", {})
+
+    @property
+    def splits(self) -> dict[str, dict[str, Any]]:
+        return self.fields["splits"]
+
+    @property
+    def vocab(self) -> Vocab:
+        ids = self.fields["special_ids"]
+        return Vocab(
+            size=self.vocab_size,
+            pad_id=ids["pad"],
+            cls_id=ids["cls"],
+            sep_id=ids["sep"],
+            mask_id=ids["mask"],
+            pair_format=self.fields.get("pair_format") or self.tokenizer.get("pair_format"),
+        )
+
+    def files(self, split: str) -> list[str]:
+        """Full paths of the split's shard files, in manifest order."""
+        return [os.path.join(self.directory, name) for name in self.splits[split]["files"]]
+
+
+def load_manifest(directory: str) -> Manifest:
     """Reads DIR/manifest.json, with a clear error when preprocessing has not (fully) run."""
     path = os.path.join(directory, MANIFEST)
     if not tf.io.gfile.exists(path):
@@ -58,17 +123,17 @@ def load_manifest(directory: str) -> dict:
         )
     try:
         with tf.io.gfile.GFile(path) as f:
-            manifest = json.load(f)
+            fields = json.load(f)
     except json.JSONDecodeError as e:
         raise ShardsError(
             f"{path} is not valid JSON ({e}): re-run data.preprocess with --overwrite"
         ) from None
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if fields.get("format_version") != FORMAT_VERSION:
         raise ShardsError(
-            f"{path} has format version {manifest.get('format_version')}, this code reads "
+            f"{path} has format version {fields.get('format_version')}, this code reads "
             f"{FORMAT_VERSION}: re-run data.preprocess with --overwrite"
         )
-    return manifest
+    return Manifest(directory, fields)
 
 
 def write_manifest(directory: str, manifest: dict) -> None:

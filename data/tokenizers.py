@@ -52,7 +52,9 @@ import tensorflow as tf
 import tokenizers as hf_tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from data import corpora
+from core import cli
+from core.errors import UserError
+from data import corpora, pair_layout
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # In this order they get ids 0..4 in a trained vocab. (Published vocabs differ:
@@ -64,7 +66,7 @@ CONFIG_FILE = "tokenizer_config.json"
 _RESERVED_TOKEN = re.compile(r"\[[^\]]*\]")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError):
     """A user-facing problem with a tokenizer or vocab file (one line)."""
 
 
@@ -135,29 +137,16 @@ def pair_inputs(
     tokenizer: Tokenizer, a: Sequence[int], b: Sequence[int] | None, max_seq_length: int
 ) -> tuple[list[int], list[int], bool]:
     """One model input row (unpadded) for a text's ids, or a pair's, as fine-tuning and
-    feature extraction feed it, in the tokenizer's `pair_format`:
+    feature extraction feed it, in the tokenizer's `pair_format` (data/pair_layout.py:
+    `[CLS] A [SEP] B [SEP]` or `<s> A </s></s> B </s>`; a single text is `[CLS] A [SEP]`).
 
-        "bert"     [CLS] A [SEP] B [SEP]      segment ids 0 ... 0 1 ... 1
-        "roberta"  <s> A </s></s> B </s>      segment ids all 0
-
-    A single text is `[CLS] A [SEP]` (`<s> A </s>`). Returns (ids, segment_ids, truncated):
-    the pair is cut to fit max_seq_length by `truncate_seq_pair`.
+    Returns (ids, segment_ids, truncated): the pair is cut to fit max_seq_length by
+    `truncate_seq_pair`.
     """
-    roberta = tokenizer.pair_format == "roberta"
-    separator = [tokenizer.sep_id] * (2 if roberta else 1) if b is not None else []
-    a, b = list(a), list(b or [])
-    truncated = truncate_seq_pair(a, b, max_seq_length - 2 - len(separator))
-    ids = [tokenizer.cls_id, *a]
-    segments = [0] * len(ids)
-    if separator:
-        ids += separator
-        segments += [0] * len(separator)
-        second = [*b, tokenizer.sep_id]
-        ids += second
-        segments += [0 if roberta else 1] * len(second)
-    else:
-        ids.append(tokenizer.sep_id)
-        segments.append(0)
+    layout = pair_layout.get(tokenizer.pair_format)
+    a, b = list(a), None if b is None else list(b)
+    truncated = truncate_seq_pair(a, b or [], max_seq_length - layout.num_specials(pair=b is not None))
+    ids, segments = layout.ids(a, b, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
     return ids, segments, truncated
 
 
@@ -854,6 +843,7 @@ _DEFAULT_VOCAB_SIZE = {"wordpiece": 30522, "bpe": 50265, "sentencepiece": 30000}
 
 
 def _train_main(args: argparse.Namespace) -> None:
+    """`train`: the only command."""
     documents = 0
 
     def training_documents() -> Iterator[tuple[str, ...]]:
@@ -890,9 +880,9 @@ def _train_main(args: argparse.Namespace) -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.tokenizers", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+def build_parser():
+    parser = cli.parser(__doc__, "data.tokenizers")
+    commands = parser.add_subparsers(dest="command", required=True, help="the command: train (the only one)")
     train = commands.add_parser("train", help="learn a WordPiece, byte-level BPE or SentencePiece vocab")
     train.add_argument(
         "--corpus",
@@ -907,23 +897,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     train.add_argument(
         "--cased", action="store_true", help="keep case and accents (default: uncased; not for bpe)"
     )
-    train.add_argument("--min_frequency", type=int, default=2, help="wordpiece and bpe")
-    train.add_argument("--limit_alphabet", type=int, default=1000, help="wordpiece")
+    train.add_argument(
+        "--min_frequency", type=int, default=2, help="wordpiece and bpe: drop rarer merges / pieces"
+    )
+    train.add_argument(
+        "--limit_alphabet", type=int, default=1000, help="wordpiece: at most this many initial characters"
+    )
     train.add_argument(
         "--eval_fraction",
         type=float,
         default=0.02,
         help="held-out documents (data.corpora.is_heldout) are left out of training",
     )
-    train.add_argument("--max_line_chars", type=int, default=100_000)
-    train.add_argument("--tfds_data_dir", default=None)
-    args = parser.parse_args(argv)
-    try:
-        _train_main(args)
-    except (TokenizerError, corpora.CorpusError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    train.add_argument(
+        "--max_line_chars", type=int, default=100_000, help="a longer line in a text corpus is an error"
+    )
+    train.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir for --corpus=tfds:NAME")
+    return parser
+
+
+main = cli.entry(build_parser, _train_main)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,12 @@ Fine-tune on it with `--tasks=word_order --glue_dir=DIR` (see `make demo-glue`).
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
+from core import cli
+from core.errors import UserError
 from data import corpora
 
 FOLDER = "WordOrder"
@@ -46,7 +49,7 @@ def make_task(output: str, train: int = 7000, dev: int = 1000, test: int = 1000,
     """Writes the task folder under `output`; returns its path. Deterministic for a seed."""
     sentences = _sentences()
     if train + dev + test > len(sentences):
-        raise ValueError(
+        raise UserError(
             f"the demo corpus has {len(sentences)} usable sentences, "
             f"fewer than the {train + dev + test} asked for: lower --train/--dev/--test"
         )
@@ -68,19 +71,22 @@ def make_task(output: str, train: int = 7000, dev: int = 1000, test: int = 1000,
     return folder
 
 
-def main(argv=None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser():
+    parser = cli.parser(__doc__, "finetune.demo_task")
     parser.add_argument("--output", required=True, help="folder to write WordOrder/ into")
-    parser.add_argument("--train", type=int, default=7000)
-    parser.add_argument("--dev", type=int, default=1000)
-    parser.add_argument("--test", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    parser.add_argument("--train", type=int, default=7000, help="training sentences")
+    parser.add_argument("--dev", type=int, default=1000, help="dev sentences")
+    parser.add_argument("--test", type=int, default=1000, help="test sentences")
+    parser.add_argument("--seed", type=int, default=0, help="which sentences, which are shuffled, and how")
+    return parser
+
+
+def _run(args) -> None:
     folder = make_task(args.output, args.train, args.dev, args.test, args.seed)
     print(f"wrote {folder}/{{train,dev,test}}.tsv ({args.train} / {args.dev} / {args.test} rows)")
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

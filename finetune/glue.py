@@ -5,7 +5,7 @@
         [--gin_bindings='Grid.seeds=(0,1,2)'] [--mesh=data:4,fsdp:2,tensor:1]
 
 `--init_checkpoint` is a pretraining workdir (model_config.json, tokenizer/, checkpoints/;
-pretrain/workdir.py). Started again with the same `--workdir`, finished runs are read
+core/workdir.py). Started again with the same `--workdir`, finished runs are read
 back, not trained again. Writes into OUT:
 
     results.json      per task: dev metrics (medians over seeds of the chosen configuration),
@@ -17,7 +17,6 @@ back, not trained again. Writes into OUT:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -29,22 +28,9 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+from core import cli  # noqa: E402
 
 log = logging.getLogger("finetune")
-
-_INIT = flags.DEFINE_string("init_checkpoint", None, "pretraining workdir to start from", required=True)
-_TASKS = flags.DEFINE_string("tasks", "all", "'all' (the nine tasks and AX) or e.g. 'cola,sst2,mnli,ax'")
-_GLUE_DIR = flags.DEFINE_string("glue_dir", None, "folder with the official GLUE task folders (CoLA/, ...)")
-_TFDS = flags.DEFINE_bool("tfds", False, "read TFDS glue/<task> instead of --glue_dir")
-_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir (default: TFDS's own)")
-_WORKDIR = flags.DEFINE_string("workdir", None, "where runs, results and the submission go", required=True)
-_GIN_FILES = flags.DEFINE_multi_string("gin_file", ["configs/glue/bert.gin"], "gin files, applied in order")
-_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "e.g. 'Grid.seeds = (0, 1, 2)'")
-_MESH = flags.DEFINE_string(
-    "mesh", None, "e.g. 'data:4,fsdp:2,tensor:1' (one size may be -1); default: every device on 'data'"
-)
-_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"], "jax.distributed.initialize()")
 
 
 def run_glue(
@@ -62,17 +48,16 @@ def run_glue(
     import jax
     import tensorflow as tf
 
+    from core import sharding
     from finetune import metrics, submission, sweep, tasks, trainer
-    from pretrain import sharding
-    from pretrain import workdir as workdir_lib
+    from models import pretrained as pretrained_lib
 
     if (glue_dir is None) == (not use_tfds):
         raise tasks.GlueDataError("pass exactly one of --glue_dir=DIR (official TSV folders) and --tfds")
     selected = tasks.parse_tasks(tasks_spec)
     start = time.time()
-    pretrained = workdir_lib.load_pretrained(init_checkpoint)
-    mesh = sharding.make_mesh(mesh_spec)
-    rules = sharding.logical_axis_rules()
+    pretrained = pretrained_lib.load_pretrained(init_checkpoint)
+    partitioner = sharding.Partitioner.create(mesh_spec)
     main_process = jax.process_index() == 0
     if main_process:
         tf.io.gfile.makedirs(workdir)
@@ -109,7 +94,7 @@ def run_glue(
         dev = {stem: features(rows) for stem, rows in data.dev.items()}
         test = {stem: features(rows) for stem, rows in test_sets.items()}
         steps = trainer.TaskSteps(
-            config, task, grid.optimizer, grid.max_seq_length, mesh, rules, grid.classifier_dropout_rate
+            config, task, grid.optimizer, grid.max_seq_length, partitioner, grid.classifier_dropout_rate
         )
         train_one = functools.partial(trainer.finetune, steps, pretrained.params, train, dev, test)
         outcome = sweep.sweep(task, grid, workdir, train_one)
@@ -183,52 +168,54 @@ def run_glue(
     return summary
 
 
-@contextlib.contextmanager
-def _glue_errors():
-    """The fine-tuning side's user errors as one `error:` line (pretrain.cli covers the rest)."""
-    from finetune.model import PretrainedWeightsError
-    from finetune.tasks import GlueDataError
-    from finetune.trainer import FinetuneError
-    from pretrain.workdir import WorkdirError
+def build_parser():
+    parser = cli.parser(__doc__, "finetune.glue")
+    parser.add_argument(
+        "--init_checkpoint", required=True, help="pretraining (or imported) workdir to start from"
+    )
+    parser.add_argument(
+        "--tasks", default="all", help="'all' (the nine tasks and AX) or a list, e.g. 'cola,sst2,mnli,ax'"
+    )
+    parser.add_argument(
+        "--glue_dir", default=None, help="folder with the official GLUE task folders (CoLA/, ...)"
+    )
+    parser.add_argument("--tfds", action="store_true", help="read TFDS glue/<task> instead of --glue_dir")
+    parser.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir (default: TFDS's own)")
+    parser.add_argument("--workdir", required=True, help="where runs, results and the submission go")
+    cli.add_gin_flags(parser, default_files=["configs/glue/bert.gin"])
+    cli.add_mesh_flags(parser)
+    return parser
 
-    try:
-        yield
-    except (GlueDataError, FinetuneError, PretrainedWeightsError, WorkdirError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
-
-def main(argv):
-    del argv
+def _run(args) -> None:
     import jax
     import tensorflow as tf
 
-    from pretrain import cli, sharding
+    from core import sharding
+    from finetune import sweep  # noqa: F401  (registers Grid with gin)
 
-    with cli.user_errors():
-        sharding.initialize_distributed(_DISTRIBUTED.value)
+    sharding.initialize_distributed(args.distributed)
     tf.config.set_visible_devices([], "GPU")  # TF only reads files here: keep it off the accelerators
     cli.setup_logging(jax.process_index() == 0)
     logging.getLogger("finetune").setLevel(logging.INFO)
-    with cli.user_errors(), _glue_errors():
-        import finetune.sweep  # noqa: F401  (registers Grid with gin)
-
-        cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
-        summary = run_glue(
-            _INIT.value,
-            _TASKS.value,
-            _WORKDIR.value,
-            glue_dir=_GLUE_DIR.value,
-            use_tfds=_TFDS.value,
-            tfds_data_dir=_TFDS_DATA_DIR.value,
-            mesh_spec=_MESH.value,
-        )
+    cli.parse_gin(cli.gin_files(args), args.gin_bindings)
+    summary = run_glue(
+        args.init_checkpoint,
+        args.tasks,
+        args.workdir,
+        glue_dir=args.glue_dir,
+        use_tfds=args.tfds,
+        tfds_data_dir=args.tfds_data_dir,
+        mesh_spec=args.mesh,
+    )
     print(
         f"done: GLUE score {100 * summary['glue_score']:.1f} over {', '.join(summary['glue_score_tasks'])}; "
-        f"{_WORKDIR.value}/results.md, results.json, submission.zip "
+        f"{args.workdir}/results.md, results.json, submission.zip "
         f"({len(summary['submission_files'])} files) in {summary['wall_seconds']:.0f} s"
     )
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

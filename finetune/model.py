@@ -20,13 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from models import axes
+from core import axes
+from core.errors import UserError
 from models.encoder import Encoder, EncoderConfig, bias_init, kernel_init
 
 log = logging.getLogger("finetune")
 
 
-class PretrainedWeightsError(ValueError):
+class PretrainedWeightsError(UserError):
     """Pretrained parameters that do not fit the fine-tuning model (one line)."""
 
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from finetune.tasks import TASKS, Example, Task
 
-# Published dev-set numbers (RECIPES.md "GLUE"): BERT-base from the HF Flax examples
+# Published dev-set numbers (docs/recipes.md "GLUE"): BERT-base from the HF Flax examples
 # (mean of 5 runs; MRPC is F1), RoBERTa-base from the fairseq README. Percent.
 PUBLISHED_DEV = {
     "BERT-base": {

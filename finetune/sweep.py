@@ -11,8 +11,8 @@ and a run whose result.json exists is read back instead of trained again, so a s
 sweep started again continues where it stopped (an interrupted run starts over).
 
 Per configuration the report gives the median and the mean over seeds of every dev
-metric; the configuration with the best median score is chosen (RECIPES.md: "report the
-median over >= 5 seeds"), and its best-scoring seed provides the test predictions.
+metric; the configuration with the best median score is chosen (docs/recipes.md "GLUE":
+report the median over >= 5 seeds), and its best-scoring seed provides the test predictions.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import jax
 import numpy as np
 import tensorflow as tf
 
+from core.errors import ConfigError
 from finetune import metrics
 from finetune.tasks import Task
 from finetune.trainer import OptimizerConfig, RunConfig, RunResult
@@ -41,7 +42,7 @@ log = logging.getLogger("finetune")
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class Grid:
-    """The fine-tuning grid of one task (defaults: BERT's, RECIPES.md "GLUE").
+    """The fine-tuning grid of one task (defaults: BERT's, docs/recipes.md "GLUE").
 
     Attributes:
       learning_rates, batch_sizes, num_epochs: the axes of the grid (global batch).
@@ -71,7 +72,7 @@ class Grid:
     def __post_init__(self):
         for name in ("learning_rates", "batch_sizes", "num_epochs", "seeds"):
             if not getattr(self, name):
-                raise ValueError(f"Grid.{name} must not be empty")
+                raise ConfigError(f"Grid.{name} must not be empty")
 
     def runs(self) -> list[RunConfig]:
         """Every (configuration, seed), configurations in grid order, seeds innermost."""

@@ -1,6 +1,6 @@
 """The GLUE tasks and readers for the two forms users have them in.
 
-1. The official TSV folders (as `download_glue_data.py` writes them; RECIPES.md "GLUE"):
+1. The official TSV folders (as `download_glue_data.py` writes them; docs/recipes.md "GLUE"):
 
     CoLA/{train,dev}.tsv   no header: source, label, original label, sentence
     CoLA/test.tsv          index, sentence
@@ -32,8 +32,10 @@ from typing import Iterator
 
 import tensorflow as tf
 
+from core.errors import UserError
 
-class GlueDataError(ValueError):
+
+class GlueDataError(UserError):
     """A missing file, unknown task or malformed row (one line naming file and line)."""
 
 

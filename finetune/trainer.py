@@ -12,8 +12,11 @@ Deviations: the last batch of an epoch is padded with zero-weight rows instead o
 dropped (so small tasks see every example every epoch); the best epoch is kept (the
 original code evaluated only the final model).
 
-The step is compiled once per task (`TaskSteps`): the learning rate is an argument
-computed on the host, so every point of a grid reuses the same executable.
+The step is compiled once per task (`TaskSteps`): the optimizer is core/optim.py's AdamW
+with BERT's schedule, and a grid point's learning rate, warmup and length are optax
+hyperparameters in the optimizer state (`grid_adamw`), so every point of a grid reuses
+the same executable. The train state and its sharded creation are core/state.py's, as
+in pretraining.
 """
 
 from __future__ import annotations
@@ -26,26 +29,28 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from core import optim, sharding
+from core.errors import UserError
+from core.sharding import Partitioner
+from core.state import StateFactory, TrainState
+from core.throughput import Throughput
 from data import tokenizers
 from data.tokenizers import Tokenizer
 from finetune import metrics
 from finetune.model import ClassifierModel, load_encoder
 from finetune.tasks import Example, Task
 from models.encoder import EncoderConfig
-from pretrain import optim, sharding
 
 log = logging.getLogger("finetune")
 
 
-class FinetuneError(ValueError):
+class FinetuneError(UserError):
     """A fine-tuning setting that cannot work (one line, user-facing)."""
 
 
@@ -129,13 +134,6 @@ def _local_rows(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- steps
 
 
-@flax.struct.dataclass
-class State:
-    step: jax.Array  # [] int32
-    params: Any
-    opt_state: Any
-
-
 def _loss(logits: jax.Array, batch: Mapping[str, jax.Array], regression: bool) -> jax.Array:
     """Weighted mean loss, float32: squared error of the score, or softmax cross-entropy."""
     if regression:
@@ -146,8 +144,8 @@ def _loss(logits: jax.Array, batch: Mapping[str, jax.Array], regression: bool) -
     return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def train_step(state, batch, learning_rate, rng, *, model, optimizer, regression):
-    """One AdamW step; `learning_rate` [] float32 comes from the host (see module doc)."""
+def train_step(state: TrainState, batch, rng, *, model, optimizer, regression):
+    """One AdamW step (the grid point's schedule is in the optimizer state)."""
 
     def loss_fn(params):
         logits = model.apply(
@@ -160,11 +158,8 @@ def train_step(state, batch, learning_rate, rng, *, model, optimizer, regression
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    # optax.adamw's last stage (scale by -lr) with the lr as an argument: decoupled decay
-    # is then lr * weight_decay * param, as in optax.adamw and the original AdamW.
-    updates = jax.tree.map(lambda u: -learning_rate * u, updates)
     params = optax.apply_updates(state.params, updates)
-    return State(step=state.step + 1, params=params, opt_state=opt_state), loss
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), loss
 
 
 def predict_step(params, batch, *, model):
@@ -183,7 +178,8 @@ class OptimizerConfig:
 
 
 class TaskSteps:
-    """The model of one task on a mesh, with its init, train and predict steps compiled once."""
+    """The model of one task on a mesh, with its state factory and train and predict
+    steps, each compiled once for every run of the task's grid."""
 
     def __init__(
         self,
@@ -191,65 +187,64 @@ class TaskSteps:
         task: Task,
         optimizer_config: OptimizerConfig,
         max_seq_length: int,
-        mesh: jax.sharding.Mesh,
-        rules: tuple,
+        partitioner: Partitioner,
         classifier_dropout_rate: float = 0.1,
     ):
-        if max_seq_length > config.max_position_embeddings:
-            raise FinetuneError(
-                f"max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
-                f"{config.max_position_embeddings}: lower it in the glue gin file"
-            )
-        self.mesh, self.rules, self.task = mesh, rules, task
+        config.check_length(max_seq_length, "Grid.max_seq_length")
+        self.partitioner, self.task = partitioner, task
         self.model = ClassifierModel(config, task.num_outputs, classifier_dropout_rate)
         oc = optimizer_config
-        parts = [optax.clip_by_global_norm(oc.clip_norm)] if oc.clip_norm else []
-        parts += [
-            optax.scale_by_adam(b1=oc.b1, b2=oc.b2, eps=oc.eps),
-            optax.add_decayed_weights(oc.weight_decay, mask=optim.decay_mask),
-        ]
-        self.optimizer = optax.chain(*parts)
+        self._make_optimizer = optim.grid_adamw(
+            b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, clip_norm=oc.clip_norm
+        )
+        # Any grid point's transformation has the same update; the values come from the state.
+        optimizer = self._make_optimizer(learning_rate=0.0, warmup_steps=0, total_steps=1)
         example = {
             k: np.zeros((1, max_seq_length), np.int32) for k in ("input_ids", "input_mask", "segment_ids")
         }
-
-        def init_boxed(rng):
-            params = self.model.init(rng, example, deterministic=True)["params"]
-            return State(step=jnp.zeros([], jnp.int32), params=params, opt_state=self.optimizer.init(params))
-
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-            abstract = jax.eval_shape(init_boxed, jax.random.key(0))
-            self.shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
-        self._init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=self.shardings)
-        data = sharding.batch_sharding(mesh)
+        self.states = StateFactory(
+            lambda rng: self.model.init(rng, example, deterministic=True)["params"], optimizer, partitioner
+        )
+        data = partitioner.batch_sharding
         self.train_step = jax.jit(
             functools.partial(
-                train_step, model=self.model, optimizer=self.optimizer, regression=task.is_regression
+                train_step, model=self.model, optimizer=optimizer, regression=task.is_regression
             ),
-            in_shardings=(self.shardings, data, None, None),
-            out_shardings=(self.shardings, None),
+            in_shardings=(self.states.shardings, data, None),
+            out_shardings=(self.states.shardings, None),
             donate_argnums=0,
         )
         self.predict_step = jax.jit(
             functools.partial(predict_step, model=self.model),
-            in_shardings=(self.shardings.params, data),
+            in_shardings=(self.states.shardings.params, data),
             # Replicated, so that every host gets every row's prediction.
-            out_shardings=NamedSharding(mesh, PartitionSpec()),
+            out_shardings=NamedSharding(partitioner.mesh, PartitionSpec()),
         )
 
-    def init(self, seed: int, pretrained_params: Mapping[str, Any]) -> State:
-        """A fresh state: new head from `seed`, encoder from pretraining, zero Adam moments."""
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            state = self._init(jax.random.key(seed))
-            params = load_encoder(state.params, pretrained_params, self.shardings.params)
-        return state.replace(params=params)
+    def init(
+        self,
+        seed: int,
+        pretrained_params: Mapping[str, Any],
+        learning_rate: float,
+        warmup_steps: int,
+        total_steps: int,
+    ) -> TrainState:
+        """A fresh state: new head from `seed`, encoder from pretraining, zero Adam moments,
+        and the grid point's schedule (peak learning rate, warmup, total steps)."""
+        state = self.states(jax.random.key(seed))
+        with self.partitioner:
+            params = load_encoder(state.params, pretrained_params, self.states.shardings.params)
+        opt_state = optim.set_hyperparams(
+            state.opt_state, learning_rate=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps
+        )
+        return state.replace(params=params, opt_state=opt_state)
 
     def predict(self, params, features: Features, batch_size: int) -> np.ndarray:
         """[N, num_outputs] float32 logits for every row of `features`."""
         outputs = []
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+        with self.partitioner:
             for batch in batches(features, batch_size):
-                inputs = sharding.global_batch(_local_rows(batch), self.mesh)
+                inputs = self.partitioner.global_batch(_local_rows(batch))
                 outputs.append(np.asarray(jax.device_get(self.predict_step(params, inputs))))
         return np.concatenate(outputs)[: len(features)]
 
@@ -270,13 +265,6 @@ class RunConfig:
     @property
     def name(self) -> str:
         return f"lr{self.learning_rate:g}_bs{self.batch_size}_ep{self.num_epochs}"
-
-
-def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int) -> float:
-    """`pretrain.optim.warmup_linear_decay` in Python floats (the step takes it as an argument)."""
-    if step < warmup_steps:
-        return peak * step / max(warmup_steps, 1)
-    return peak * max(0.0, 1.0 - step / max(total_steps, 1))
 
 
 def decode_predictions(task: Task, logits: np.ndarray) -> np.ndarray:
@@ -318,39 +306,48 @@ def finetune(
     start = time.time()
     if not len(train):
         raise FinetuneError(f"task {steps.task.name} has no training examples")
-    sharding.check_batch_size(run.batch_size, steps.mesh, jax.process_count())
+    sharding.check_batch_size(run.batch_size, steps.partitioner.mesh, jax.process_count())
     steps_per_epoch = math.ceil(len(train) / run.batch_size)
     total = steps_per_epoch * run.num_epochs
     warmup = int(total * run.warmup_ratio)
-    state = steps.init(run.seed, pretrained_params)
+    state = steps.init(
+        run.seed, pretrained_params, learning_rate=run.learning_rate, warmup_steps=warmup, total_steps=total
+    )
     rng = jax.random.key(run.seed + 1)
     shuffle = np.random.default_rng(run.seed)
     history: list[dict[str, Any]] = []
     best: tuple[float, int, dict, dict] | None = None
+    rates = Throughput(total)
+    rates.start()
     step = 0
     for epoch in range(1, run.num_epochs + 1):
         losses = []
-        with jax.set_mesh(steps.mesh), nn.logical_axis_rules(steps.rules):
+        with steps.partitioner:
             for batch in batches(train, run.batch_size, shuffle.permutation(len(train))):
-                lr = np.float32(learning_rate(step, run.learning_rate, warmup, total))
-                inputs = sharding.global_batch(_local_rows(batch), steps.mesh)
-                state, loss = steps.train_step(state, inputs, lr, rng)
+                inputs = steps.partitioner.global_batch(_local_rows(batch))
+                state, loss = steps.train_step(state, inputs, rng)
+                rates.add(int(batch["input_mask"][batch["weights"] > 0].sum()), 0.0)
                 losses.append(loss)
                 step += 1
-        train_loss = float(np.mean(jax.device_get(losses)))
+                if not rates.started:  # the first step compiles: keep it out of the rates
+                    jax.block_until_ready(loss)
+                    rates.begin()
+        train_loss = float(np.mean(jax.device_get(losses)))  # a sync: the epoch's steps are done
+        speed = {k: v for k, v in rates.close(step).items() if k in ("steps_per_second", "tokens_per_second")}
         if not np.isfinite(train_loss):
             raise FinetuneError(
                 f"{steps.task.name} {run.name} seed {run.seed}: non-finite training loss in epoch {epoch}: "
                 "lower the learning rate"
             )
-        dev_values = {
-            name: evaluate(steps.task, steps.predict(state.params, features, run.batch_size), features)
-            for name, features in dev.items()
-        }
+        with rates.paused():
+            dev_values = {
+                name: evaluate(steps.task, steps.predict(state.params, features, run.batch_size), features)
+                for name, features in dev.items()
+            }
         score = metrics.task_score(dev_values[steps.task.dev_files[0]], steps.task.metrics)
-        history.append({"epoch": epoch, "train_loss": train_loss, "dev": dev_values, "score": score})
+        history.append({"epoch": epoch, "train_loss": train_loss, "dev": dev_values, "score": score, **speed})
         log.info(
-            "%s %s seed %d epoch %d/%d: train loss %.4f  dev %s",
+            "%s %s seed %d epoch %d/%d: train loss %.4f  dev %s  %s",
             steps.task.name,
             run.name,
             run.seed,
@@ -358,6 +355,9 @@ def finetune(
             run.num_epochs,
             train_loss,
             "  ".join(f"{f}:{m}={v:.4f}" for f, vals in dev_values.items() for m, v in vals.items()),
+            f"{speed['steps_per_second']:.2f} steps/s  {speed['tokens_per_second']:.0f} tokens/s"
+            if speed
+            else "",
         )
         if best is None or score > best[0]:
             # Predict the test files now rather than keep a copy of the parameters.

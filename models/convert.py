@@ -5,7 +5,7 @@
     python -m models.convert export --workdir=W --to=hf:OUT
 
 Families: HF model_type bert, roberta and albert; TF1 checkpoints of google-research/bert and
-google-research/albert. An imported workdir is what `pretrain.workdir.load_pretrained` reads
+google-research/albert. An imported workdir is what `models.pretrained.load_pretrained` reads
 (model_config.json, tokenizer/, checkpoints/0/state), so `finetune.glue --init_checkpoint`,
 `models.encode` and `models.predict` take it as it is. `converted_from.json` beside it records
 the source and which optional parts (pooler, MLM head, NSP/SOP head) the source had; parts it
@@ -39,7 +39,6 @@ with the tokenizer_config.json keys transformers reads.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -55,10 +54,13 @@ import numpy as np
 import tensorflow as tf
 from flax import traverse_util
 
+from core import cli
+from core import workdir as workdir_lib
+from core.errors import UserError
 from data import tokenizers
+from models import pretrained as pretrained_lib
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params, resize_vocab_rows
-from pretrain import workdir as workdir_lib
 
 log = logging.getLogger("convert")
 
@@ -68,7 +70,7 @@ CONVERTED_FROM = "converted_from.json"
 OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head")
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError):
     """A checkpoint, config or tokenizer that cannot be converted (one line, user-facing)."""
 
 
@@ -354,7 +356,7 @@ def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, fram
 
 def our_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
     """Shape of every array of the full PretrainingModel (with NSP head); allocates nothing."""
-    tree = nn.meta.unbox(abstract_params(config, sentence_objective=True))
+    tree = nn.meta.unbox(abstract_params(config, sentence_head=True))
     return {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
 
 
@@ -801,7 +803,7 @@ def export_hf(workdir: str, output: str, step: int | None = None) -> str:
     Returns the HF class written into config.json: the one with exactly the workdir's heads
     (e.g. BertForPreTraining with MLM + NSP, BertForMaskedLM with only MLM, BertModel without).
     """
-    pretrained = workdir_lib.load_pretrained(workdir, step)
+    pretrained = pretrained_lib.load_pretrained(workdir, step)
     try:
         write_hf_tokenizer(pretrained.tokenizer, pretrained.config, output)
         return write_hf_model(output, pretrained.config, pretrained.params, pretrained.tokenizer.pad_id)
@@ -887,7 +889,7 @@ def write_workdir(workdir: str, imported: Imported) -> None:
     """Writes `imported` as a workdir (step 0) that `load_pretrained` reads, plus converted_from.json."""
     if tf.io.gfile.exists(os.path.join(workdir, workdir_lib.MODEL_CONFIG)):
         raise ConversionError(f"'{workdir}' already holds a model: choose a new --workdir")
-    workdir_lib.save_pretrained(workdir, imported.config, imported.params, imported.tokenizer, step=0)
+    pretrained_lib.save_pretrained(workdir, imported.config, imported.params, imported.tokenizer, step=0)
     info = {"source": imported.source, "model_type": imported.model_type, "groups": imported.groups}
     with tf.io.gfile.GFile(os.path.join(workdir, CONVERTED_FROM), "w") as f:
         json.dump(info, f, indent=2)
@@ -922,37 +924,43 @@ def run_import(source: str, workdir: str) -> Imported:
     return imported
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.convert", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+def build_parser():
+    parser = cli.parser(__doc__, "models.convert")
+    commands = parser.add_subparsers(dest="command", required=True, help="import (a published checkpoint -> a workdir) or export (a workdir -> transformers)")
     imp = commands.add_parser("import", help="a published checkpoint -> a workdir")
-    imp.add_argument("--from", dest="source", required=True, help="hf:DIR or tf:DIR")
+    imp.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        help="hf:DIR (a transformers folder) or tf:DIR (a TF1 checkpoint)",
+    )
     imp.add_argument("--workdir", required=True, help="new workdir to write")
     exp = commands.add_parser("export", help="a workdir -> a transformers folder")
-    exp.add_argument("--workdir", required=True)
-    exp.add_argument("--to", dest="target", required=True, help="hf:DIR")
+    exp.add_argument("--workdir", required=True, help="pretraining or imported workdir")
+    exp.add_argument("--to", dest="target", required=True, help="hf:DIR, the folder to write")
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(args) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        if args.command == "import":
-            imported = run_import(args.source, args.workdir)
-            c = imported.config
-            print(
-                f"imported {imported.model_type} ({c.num_layers} layers, hidden {c.hidden_size}, "
-                f"vocab {c.vocab_size}; parts: encoder, {', '.join(imported.groups) or 'no heads'}) "
-                f"-> {args.workdir}"
-            )
-        else:
-            kind, _, path = args.target.partition(":")
-            if kind != "hf" or not path:
-                raise ConversionError(f"--to={args.target!r}: write hf:DIR (export to TF1 is not supported)")
-            architecture = export_hf(args.workdir, path, args.step)
-            print(f"exported {args.workdir} -> {path} ({architecture}, model.safetensors)")
-    except (ConversionError, workdir_lib.WorkdirError, tokenizers.TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    if args.command == "import":
+        imported = run_import(args.source, args.workdir)
+        c = imported.config
+        print(
+            f"imported {imported.model_type} ({c.num_layers} layers, hidden {c.hidden_size}, "
+            f"vocab {c.vocab_size}; parts: encoder, {', '.join(imported.groups) or 'no heads'}) "
+            f"-> {args.workdir}"
+        )
+        return
+    kind, _, path = args.target.partition(":")
+    if kind != "hf" or not path:
+        raise ConversionError(f"--to={args.target!r}: write hf:DIR (export to TF1 is not supported)")
+    architecture = export_hf(args.workdir, path, args.step)
+    print(f"exported {args.workdir} -> {path} ({architecture}, model.safetensors)")
+
+
+main = cli.entry(build_parser, _run)
 
 
 if __name__ == "__main__":

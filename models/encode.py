@@ -19,7 +19,6 @@ HF transformers' outputs, so parity with another implementation is one np.abs(a 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import io
 import sys
@@ -31,12 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
 
+from core import cli
+from core.errors import UserError
 from data import tokenizers
+from models import pretrained as pretrained_lib
 from models.encoder import Encoder, EncoderConfig
-from pretrain import workdir as workdir_lib
 
 
-class EncodeError(ValueError):
+class EncodeError(UserError):
     """Bad input to the encode / predict CLIs (one line, user-facing)."""
 
 
@@ -87,7 +88,7 @@ def build_inputs(
 
 
 def encode(
-    pretrained: workdir_lib.Pretrained, inputs: Mapping[str, np.ndarray], batch_size: int = 32
+    pretrained: pretrained_lib.Pretrained, inputs: Mapping[str, np.ndarray], batch_size: int = 32
 ) -> dict[str, np.ndarray]:
     """`inputs` (from build_inputs) plus last_hidden_state [n, L, H] and, with a pooler,
     pooled_output [n, H], float32. The last batch is padded to `batch_size` (one compilation)."""
@@ -126,35 +127,39 @@ def read_lines(path: str) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.encode", description=__doc__.splitlines()[0])
+def build_parser():
+    parser = cli.parser(__doc__, "models.encode")
     parser.add_argument("--workdir", required=True, help="pretraining or imported workdir")
     parser.add_argument("--input", required=True, help="text file: one sentence or A<TAB>B per line")
     parser.add_argument("--output", required=True, help="npz file to write")
     parser.add_argument(
-        "--max_seq_length", type=int, default=None, help="default: 128, or the model's limit when lower"
+        "--max_seq_length", type=int, default=None, help="tokens per row (default: 128, or the model's limit)"
     )
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--batch_size", type=int, default=32, help="rows per forward pass")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    args = parser.parse_args(argv)
-    try:
-        pretrained = workdir_lib.load_pretrained(args.workdir, args.step)
-        limit = pretrained.config.max_length
-        max_seq_length = min(128, limit) if args.max_seq_length is None else args.max_seq_length
-        if not 3 <= max_seq_length <= limit:
-            raise EncodeError(f"--max_seq_length={max_seq_length} is outside [3, {limit}] for this model")
-        inputs = build_inputs(pretrained.tokenizer, read_lines(args.input), max_seq_length)
-        out = encode(pretrained, inputs, args.batch_size)
-    except (EncodeError, workdir_lib.WorkdirError, tokenizers.TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def _run(args) -> None:
+    pretrained = pretrained_lib.load_pretrained(args.workdir, args.step)
+    config = pretrained.config
+    max_seq_length = min(128, config.max_length) if args.max_seq_length is None else args.max_seq_length
+    if max_seq_length < 3:
+        raise EncodeError(
+            f"--max_seq_length={max_seq_length} is too short: a row needs [CLS], [SEP] and text"
+        )
+    config.check_length(max_seq_length, "--max_seq_length")
+    inputs = build_inputs(pretrained.tokenizer, read_lines(args.input), max_seq_length)
+    out = encode(pretrained, inputs, args.batch_size)
     buffer = io.BytesIO()  # zipfile seeks, which a GFile opened for writing cannot
     np.savez(buffer, **out)
     with tf.io.gfile.GFile(args.output, "wb") as f:
         f.write(buffer.getvalue())
     n, length, hidden = out["last_hidden_state"].shape
     print(f"wrote {args.output}: {n} rows, length {length}, hidden {hidden} ({', '.join(sorted(out))})")
-    return 0
+
+
+main = cli.entry(build_parser, _run)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import axes
+from core import axes
+from core.errors import ConfigError
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # HF configs' "gelu" is the exact erf form; google-research/bert used the tanh form.
@@ -135,7 +136,7 @@ class EncoderConfig:
 
     def __post_init__(self):
         def fail(name: str, requirement: str) -> None:
-            raise ValueError(f"EncoderConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
+            raise ConfigError(f"EncoderConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
 
         for name in (
             "vocab_size",
@@ -194,6 +195,19 @@ class EncoderConfig:
     def max_length(self) -> int:
         """The longest sequence the position table covers (after `position_offset`)."""
         return self.max_position_embeddings - self.position_offset
+
+    def check_length(self, length: int, what: str = "max_seq_length") -> None:
+        """The one check of a sequence length against the position table (every stage calls it).
+
+        RoBERTa's table has 514 rows of which the first 2 are never read (position_offset),
+        so the limit is max_length (512), not max_position_embeddings.
+        """
+        if length > self.max_length:
+            offset = f" minus position_offset = {self.position_offset}" if self.position_offset else ""
+            raise ConfigError(
+                f"{what} {length} exceeds EncoderConfig.max_position_embeddings = "
+                f"{self.max_position_embeddings}{offset}: lower it, or use a model with more positions"
+            )
 
     @property
     def head_dim(self) -> int:

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models import axes
+from core import axes
 from models.encoder import EncoderConfig, bias_init, dense, kernel_init, layer_norm
 
 

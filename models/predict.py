@@ -10,17 +10,17 @@ then one line per mask: `mask K: token (probability) ...`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
+from core import cli
 from data import tokenizers
 from models import encode as encode_lib
-from models.pretraining import PretrainingModel
-from pretrain import workdir as workdir_lib
+from models import pretrained as pretrained_lib
+from models.pretraining import BertPretrainingModel
 
 
 def masked_inputs(tokenizer: tokenizers.Tokenizer, text: str, max_seq_length: int) -> list[int]:
@@ -47,9 +47,18 @@ def masked_inputs(tokenizer: tokenizers.Tokenizer, text: str, max_seq_length: in
 
 
 def fill_mask(
-    pretrained: workdir_lib.Pretrained, texts: Sequence[str], top_k: int
+    pretrained: pretrained_lib.Pretrained, texts: Sequence[str], top_k: int
 ) -> list[list[list[tuple[str, float]]]]:
     """For each text, for each mask in it: the top_k (token, probability) pairs, best first."""
+    rows = [masked_inputs(pretrained.tokenizer, text, pretrained.config.max_length) for text in texts]
+    return fill_mask_ids(pretrained, rows, top_k)
+
+
+def fill_mask_ids(
+    pretrained: pretrained_lib.Pretrained, rows: Sequence[Sequence[int]], top_k: int
+) -> list[list[list[tuple[str, float]]]]:
+    """`fill_mask` for rows already tokenized (`[CLS] ... [SEP]` ids with the mask id at the
+    positions to fill): for each row, for each mask, the top_k (token, probability) pairs."""
     config, tokenizer = pretrained.config, pretrained.tokenizer
     if "mlm_head" not in pretrained.params:
         raise encode_lib.EncodeError(
@@ -60,10 +69,9 @@ def fill_mask(
         "encoder": encode_lib.encoder_params(config, pretrained.params),
         "mlm_head": pretrained.params["mlm_head"],
     }
-    model = PretrainingModel(config, sentence_objective=False)
+    model = BertPretrainingModel(config, sentence_head=False)
     results = []
-    for text in texts:
-        ids = masked_inputs(tokenizer, text, config.max_length)
+    for ids in rows:
         positions = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
         batch = {
             "input_ids": np.asarray([ids], np.int32),
@@ -80,21 +88,22 @@ def fill_mask(
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.predict", description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", required=True, help="pretraining or imported workdir")
-    parser.add_argument("--text", action="append", required=True, help="text with mask tokens (repeatable)")
-    parser.add_argument("--top_k", type=int, default=5)
+def build_parser():
+    parser = cli.parser(__doc__, "models.predict")
+    parser.add_argument("--workdir", required=True, help="pretraining or imported workdir (with an MLM head)")
+    parser.add_argument(
+        "--text", action="append", required=True, help="text with mask tokens, e.g. [MASK] (repeatable)"
+    )
+    parser.add_argument("--top_k", type=int, default=5, help="candidates shown per mask")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    args = parser.parse_args(argv)
-    try:
-        if args.top_k < 1:
-            raise encode_lib.EncodeError(f"--top_k={args.top_k} must be >= 1")
-        pretrained = workdir_lib.load_pretrained(args.workdir, args.step)
-        results = fill_mask(pretrained, args.text, args.top_k)
-    except (encode_lib.EncodeError, workdir_lib.WorkdirError, tokenizers.TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def _run(args) -> None:
+    if args.top_k < 1:
+        raise encode_lib.EncodeError(f"--top_k={args.top_k} must be >= 1")
+    pretrained = pretrained_lib.load_pretrained(args.workdir, args.step)
+    results = fill_mask(pretrained, args.text, args.top_k)
     mask = pretrained.tokenizer.id_to_token(pretrained.tokenizer.mask_id)
     for text, masks in zip(args.text, results):
         pieces = text.split(mask)
@@ -102,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print(filled)
         for k, candidates in enumerate(masks, 1):
             print(f"  mask {k}: " + "  ".join(f"{token} ({p:.3f})" for token, p in candidates))
-    return 0
+
+
+main = cli.entry(build_parser, _run)
 
 
 if __name__ == "__main__":

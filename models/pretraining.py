@@ -1,4 +1,5 @@
-"""The pretraining model (encoder + MLM head + optional NSP/SOP head) and its size.
+"""BERT's pretraining model (encoder + MLM head + optional NSP/SOP head): the module of the
+masked-LM objective (pretrain/objectives/masked_lm.py) for BERT, RoBERTa and ALBERT.
 
 Parameter tree top level: `encoder` (models/encoder.py), `mlm_head`, and
 `sentence_head` when the recipe has a sentence objective (models/heads.py).
@@ -6,7 +7,6 @@ Parameter tree top level: `encoder` (models/encoder.py), `mlm_head`, and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,11 +19,11 @@ from models.encoder import Encoder, EncoderConfig
 from models.heads import MaskedLMHead, SentenceHead
 
 
-class PretrainingModel(nn.Module):
-    """Encoder with the MLM head and, if `sentence_objective`, the NSP/SOP head."""
+class BertPretrainingModel(nn.Module):
+    """Encoder with the MLM head and, if `sentence_head`, the NSP/SOP head."""
 
     config: EncoderConfig
-    sentence_objective: bool = True
+    sentence_head: bool = True
 
     @nn.compact
     def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool) -> dict[str, jax.Array]:
@@ -37,7 +37,7 @@ class PretrainingModel(nn.Module):
           deterministic: False in training: enables dropout (rng collection "dropout").
         Returns:
           {"mlm_logits": [B, P, V] float32, "sentence_logits": [B, 2] float32
-          (only with a sentence objective)}.
+          (only with the sentence head)}.
         """
         encoded = Encoder(self.config, name="encoder")(
             batch["input_ids"],
@@ -52,7 +52,7 @@ class PretrainingModel(nn.Module):
                 encoded.sequence_output, batch["masked_lm_positions"], encoded.word_embeddings
             )
         }
-        if self.sentence_objective:
+        if self.sentence_head:
             logits["sentence_logits"] = SentenceHead(self.config, name="sentence_head")(encoded.pooled_output)
         return logits
 
@@ -68,9 +68,9 @@ def example_batch(batch_size: int, seq_len: int, num_predictions: int) -> dict[s
     }
 
 
-def abstract_params(config: EncoderConfig, sentence_objective: bool = True) -> Any:
+def abstract_params(config: EncoderConfig, sentence_head: bool = True) -> Any:
     """The parameter tree as ShapeDtypeStructs in nn.Partitioned boxes; allocates nothing."""
-    model = PretrainingModel(config, sentence_objective=sentence_objective)
+    model = BertPretrainingModel(config, sentence_head=sentence_head)
     variables = jax.eval_shape(
         lambda rng: model.init(rng, example_batch(1, 1, 1), deterministic=True), jax.random.key(0)
     )
@@ -98,24 +98,3 @@ def resize_vocab_rows(params: Mapping[str, Any], rows: int) -> dict[str, Any]:
                 padding = np.zeros((rows - array.shape[0], *array.shape[1:]), array.dtype)
                 flat[path] = np.concatenate([array, padding])
     return traverse_util.unflatten_dict(flat)
-
-
-def count_params(params: Any) -> int:
-    """Number of scalars in a parameter tree (arrays or ShapeDtypeStructs, boxed or not)."""
-    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
-
-
-def flops_per_sequence(config: EncoderConfig, seq_len: int, num_predictions: int) -> float:
-    """Model matmul FLOPs to train on one sequence (forward + backward = 3x forward).
-
-    PERFORMANCE.md: F = 3 * [L*(2*s*(4*h*h + 2*h*f) + 4*s*s*h) + 2*P*(h*h + h*V)],
-    with s = seq_len, P = num_predictions. With a factorized embedding (E != H) the
-    E -> H projection adds 2*s*E*h and the MLM head costs 2*P*(h*E + E*V) instead.
-    Cross-layer sharing changes nothing: every layer still runs. Embedding gathers,
-    the pooler and the sentence classifier are not counted.
-    """
-    s, h, f, e = seq_len, config.hidden_size, config.intermediate_size, config.embedding_width
-    layers = config.num_layers * (2 * s * (4 * h * h + 2 * h * f) + 4 * s * s * h)
-    projection = 2 * s * e * h if config.factorized_embedding else 0
-    mlm = 2 * num_predictions * (h * e + e * config.vocab_size)
-    return 3.0 * (layers + projection + mlm)

@@ -12,9 +12,10 @@ whose summary.json shows it finished is skipped, and an interrupted one resumes,
 running the command again completes a grid. Arms must see the same number of training
 tokens (batch_size x max_seq_length x steps): a grid whose arms differ is refused.
 
-Writes DIR/results.md (one row per arm: final held-out MLM loss, MLM accuracy, sentence
-accuracy on the arm's own sentence task, tokens/s) and DIR/eval_curves.png (held-out MLM
-accuracy and loss vs step for every arm).
+Writes DIR/results.md (one row per arm: every held-out metric the arms' objectives
+evaluate, e.g. MLM loss and accuracy and the sentence accuracy on the arm's own sentence
+task, and the arm's training tokens/s) and DIR/eval_curves.png (the objective's headline
+metric and the loss, held out, vs step, for every arm).
 """
 
 from __future__ import annotations
@@ -25,18 +26,13 @@ import os
 import subprocess
 import sys
 
-from absl import app, flags
-
-_WORKDIR = flags.DEFINE_string("workdir", None, "one subfolder per arm, and the results", required=True)
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "shards (data.preprocess) every arm reads", required=True)
-_GIN_FILES = flags.DEFINE_multi_string("gin_file", ["configs/runs/demo.gin"], "the base run, before each arm")
-_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "extra bindings for every arm, applied last")
-_STEPS = flags.DEFINE_integer("steps", None, "training steps of every arm (default: the base run's)")
+from core import cli
+from core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class AblationError(ValueError):
+class AblationError(UserError):
     """A grid that cannot be run as asked (one line)."""
 
 
@@ -52,11 +48,11 @@ def arm_budget(gin_files: list[str], bindings: list[str]) -> dict[str, int]:
     """steps, batch_size, max_seq_length and their product (tokens) of one arm's config."""
     import gin
 
-    from pretrain import cli
+    from data.pipeline import PipelineConfig
+    from pretrain import trainer  # noqa: F401  (registers what the run files bind)
 
     gin.clear_config()
     cli.parse_gin(gin_files, bindings)
-    from data.pipeline import PipelineConfig
 
     steps = gin.query_parameter("run.steps")
     batch = gin.query_parameter("run.batch_size")
@@ -65,7 +61,7 @@ def arm_budget(gin_files: list[str], bindings: list[str]) -> dict[str, int]:
     return {"steps": steps, "batch_size": batch, "max_seq_length": seq, "tokens": steps * batch * seq}
 
 
-def run_arm(name: str, arm_file: str, workdir: str, bindings: list[str]) -> dict:
+def run_arm(name: str, gin_files: list[str], workdir: str, bindings: list[str]) -> dict:
     """Trains (or resumes, or skips) one arm in its own process; returns its summary."""
     summary_path = os.path.join(workdir, "summary.json")
     wanted_steps = next(int(b.split("=")[1]) for b in bindings if b.startswith("run.steps="))
@@ -76,7 +72,7 @@ def run_arm(name: str, arm_file: str, workdir: str, bindings: list[str]) -> dict
             print(f"{name}: finished before, skipped", flush=True)
             return summary
     command = [sys.executable, "-m", "pretrain.train", f"--workdir={workdir}"]
-    command += [f"--gin_file={g}" for g in [*_GIN_FILES.value, arm_file]]
+    command += [f"--gin_file={g}" for g in gin_files]
     command += [f"--gin_bindings={b}" for b in bindings]
     print(f"{name}: training ({' '.join(command[2:])})", flush=True)
     result = subprocess.run(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -102,29 +98,33 @@ def write_results(directory: str, grid: str, summaries: dict[str, dict], steps: 
     def fmt(value, pattern="{:.4f}"):
         return "-" if value is None else pattern.format(value)
 
+    # Every held-out metric some arm evaluates, the loss first (an arm without a sentence
+    # task shows "-" in its columns).
+    metrics = list(dict.fromkeys(m for s in summaries.values() for m in s["eval"]))
+    metrics.sort(key=lambda m: m != "loss")
     lines = [
-        f"Grid `{grid}`, {steps} steps per arm, same data, seed and tokens per arm.",
+        f"Grid `{grid}`, {steps} steps per arm, same data, seed and tokens per arm; held-out metrics.",
         "",
-        "| arm | held-out MLM loss | MLM accuracy | sentence accuracy | tokens/s |",
-        "|---|---|---|---|---|",
+        "| arm | " + " | ".join(metrics) + " | tokens/s |",
+        "|---|" + "---|" * (len(metrics) + 1),
     ]
     for name, s in summaries.items():
+        values = [fmt(s["eval"].get(m)) for m in metrics]
         lines.append(
-            f"| {name} | {fmt(s['eval']['mlm_loss'])} | {fmt(s['mlm_accuracy'])} "
-            f"| {fmt(s.get('sentence_accuracy'))} "
-            f"| {fmt(s.get('tokens_per_second'), '{:.0f}')} |"
+            f"| {name} | " + " | ".join(values) + f" | {fmt(s.get('tokens_per_second'), '{:.0f}')} |"
         )
     table = "\n".join(lines) + "\n"
     with open(os.path.join(directory, "results.md"), "w") as f:
         f.write(table)
 
+    headline = next(iter(summaries.values()))["headline_metric"]
     fig, (acc, loss) = plt.subplots(1, 2, figsize=(10, 4))
     for name in summaries:
         curve = eval_curve(os.path.join(directory, name))
-        acc.plot([r["step"] for r in curve], [r["mlm_accuracy"] for r in curve], marker="o", label=name)
-        loss.plot([r["step"] for r in curve], [r["mlm_loss"] for r in curve], marker="o", label=name)
-    acc.set(xlabel="step", ylabel="held-out MLM accuracy", title=os.path.basename(grid.rstrip("/")))
-    loss.set(xlabel="step", ylabel="held-out MLM loss")
+        acc.plot([r["step"] for r in curve], [r.get(headline) for r in curve], marker="o", label=name)
+        loss.plot([r["step"] for r in curve], [r["loss"] for r in curve], marker="o", label=name)
+    acc.set(xlabel="step", ylabel=f"held-out {headline}", title=os.path.basename(grid.rstrip("/")))
+    loss.set(xlabel="step", ylabel="held-out loss")
     acc.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "eval_curves.png"), dpi=100)
@@ -132,42 +132,45 @@ def write_results(directory: str, grid: str, summaries: dict[str, dict], steps: 
     return table
 
 
-def main(argv):
+def build_parser():
+    parser = cli.parser(__doc__, "pretrain.ablate")
+    parser.add_argument("grid", help="a folder of arm gin files, e.g. configs/ablations/sentence_objective")
+    parser.add_argument("--workdir", required=True, help="one subfolder per arm, and the results")
+    parser.add_argument("--data_dir", required=True, help="shards (data.preprocess) every arm reads")
+    cli.add_gin_flags(parser, default_files=["configs/runs/demo.gin"])
+    parser.add_argument(
+        "--steps", type=int, default=None, help="training steps of every arm (default: the base run's)"
+    )
+    return parser
+
+
+def _run(args) -> None:
     from data import shards
-    from pretrain import cli
 
-    if len(argv) != 2:
-        raise app.UsageError(
-            "usage: python -m pretrain.ablate configs/ablations/<grid> --workdir=DIR --data_dir=DIR"
-        )
-    grid = argv[1]
     cli.setup_logging()
-    with cli.user_errors():
-        try:
-            arms = grid_arms(grid)
-            vocab_size = shards.load_manifest(_DATA_DIR.value)["vocab_size"]
-            shared = [f"run.data_dir='{_DATA_DIR.value}'", f"EncoderConfig.vocab_size={vocab_size}"]
-            shared += _GIN_BINDINGS.value
-            steps = [f"run.steps={_STEPS.value}"] if _STEPS.value is not None else []
-            budgets = {name: arm_budget([*_GIN_FILES.value, f], shared + steps) for name, f in arms.items()}
-            if len({b["tokens"] for b in budgets.values()}) > 1:
-                raise AblationError(
-                    "arms see different numbers of training tokens (steps x batch x length): "
-                    + ", ".join(f"{n} {b['tokens']}" for n, b in budgets.items())
-                    + "; make the arms' batch_size x max_seq_length x steps equal"
-                )
-            os.makedirs(_WORKDIR.value, exist_ok=True)
-            summaries = {}
-            for name, arm_file in arms.items():
-                bindings = [*shared, f"run.steps={budgets[name]['steps']}"]
-                summaries[name] = run_arm(name, arm_file, os.path.join(_WORKDIR.value, name), bindings)
-        except AblationError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+    arms = grid_arms(args.grid)
+    base = cli.gin_files(args)
+    vocab_size = shards.load_manifest(args.data_dir).vocab_size
+    shared = [f"run.data_dir='{args.data_dir}'", f"EncoderConfig.vocab_size={vocab_size}", *args.gin_bindings]
+    steps = [f"run.steps={args.steps}"] if args.steps is not None else []
+    budgets = {name: arm_budget([*base, f], shared + steps) for name, f in arms.items()}
+    if len({b["tokens"] for b in budgets.values()}) > 1:
+        raise AblationError(
+            "arms see different numbers of training tokens (steps x batch x length): "
+            + ", ".join(f"{n} {b['tokens']}" for n, b in budgets.items())
+            + "; make the arms' batch_size x max_seq_length x steps equal"
+        )
+    os.makedirs(args.workdir, exist_ok=True)
+    summaries = {}
+    for name, arm_file in arms.items():
+        bindings = [*shared, f"run.steps={budgets[name]['steps']}"]
+        summaries[name] = run_arm(name, [*base, arm_file], os.path.join(args.workdir, name), bindings)
     steps = next(iter(budgets.values()))["steps"]
-    print(write_results(_WORKDIR.value, grid, summaries, steps))
-    print(f"results: {_WORKDIR.value}/results.md, {_WORKDIR.value}/eval_curves.png")
+    print(write_results(args.workdir, args.grid, summaries, steps))
+    print(f"results: {args.workdir}/results.md, {args.workdir}/eval_curves.png")
 
+
+main = cli.entry(build_parser, _run)
 
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

@@ -1,63 +1,54 @@
-"""Pretraining CLI, the only module that defines flags.
+"""Pretraining CLI.
 
     python -m pretrain.train --gin_file=configs/runs/demo.gin --workdir=DIR \
         [--gin_bindings='run.steps=100' ...] [--mesh=data:4,fsdp:2,tensor:1]
 
 Started again with the same workdir, it resumes from the latest checkpoint. SIGTERM or
 SIGINT (a preemption notice, Ctrl-C) stops after the current step with a checkpoint and
-exit status 0.
+exit status 0. A problem with the config, data or workdir is one `error:` line, status 2.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported: its C++ start-up chatter
 
-from absl import app, flags  # noqa: E402
-
-from pretrain import cli  # noqa: E402
-
-_GIN_FILES = flags.DEFINE_multi_string("gin_file", [], "gin files, applied in order")
-_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "gin bindings, e.g. 'run.steps=100'")
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "where checkpoints, metrics and the summary go", required=True
-)
-_DISTRIBUTED = flags.DEFINE_enum(
-    "distributed",
-    "auto",
-    ["auto", "on", "off"],
-    "jax.distributed.initialize(): auto = when the environment lists several hosts (TPU pod)",
-)
-_MESH = flags.DEFINE_string(
-    "mesh", None, "e.g. 'data:4,fsdp:2,tensor:1' (one size may be -1); default: every device on 'data'"
-)
+from core import cli  # noqa: E402
 
 
-def main(argv):
-    del argv
+def build_parser():
+    parser = cli.parser(__doc__, "pretrain.train")
+    cli.add_gin_flags(parser)
+    parser.add_argument("--workdir", required=True, help="where checkpoints, metrics and the summary go")
+    cli.add_mesh_flags(parser)
+    return parser
+
+
+def _run(args) -> None:
     import jax
     import tensorflow as tf
 
-    from pretrain import sharding, trainer
+    from core import sharding
+    from pretrain import trainer  # registers run, the objectives, EncoderConfig, PipelineConfig, adamw ...
 
-    with cli.user_errors():
-        sharding.initialize_distributed(_DISTRIBUTED.value)  # before any other JAX call
-
+    sharding.initialize_distributed(args.distributed)  # before any other JAX call
     tf.config.set_visible_devices([], "GPU")  # tf.data only: keep TF off the accelerators
     cli.setup_logging(jax.process_index() == 0)
-    with cli.user_errors():
-        cli.parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
-        summary = trainer.run(_WORKDIR.value, mesh_spec=_MESH.value)
+    cli.parse_gin(cli.gin_files(args), args.gin_bindings)
+    summary = trainer.run(args.workdir, mesh_spec=args.mesh)
     if summary.get("stopped_by"):  # preempted: the checkpoint is written, exit 0 so schedulers restart us
         print(f"stopped by {summary['stopped_by']} at step {summary['step']}: run the same command to resume")
         return
+    headline = summary["headline_metric"]
     print(
-        f"done: step {summary['step']}  eval loss {summary['loss']:.4f}  "
-        f"mlm_accuracy {summary['mlm_accuracy']:.4f}  sentence_accuracy {summary['sentence_accuracy']}  "
-        f"summary in {_WORKDIR.value}/summary.json"
+        f"done: step {summary['step']}  eval loss {summary['loss']:.4f}  {headline} {summary[headline]:.4f}  "
+        f"summary in {args.workdir}/summary.json"
     )
 
 
+main = cli.entry(build_parser, _run)
+
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

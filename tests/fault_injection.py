@@ -46,8 +46,8 @@ CHECKPOINT_EVERY = 2
 # background: the kill lands while the checkpoint is being written.
 _KILL_DURING_SAVE = """
 import os, signal, sys
-from absl import app
-from pretrain import checkpointing, train
+from core import checkpointing
+from pretrain import train
 
 original = checkpointing.Checkpointer.save
 
@@ -57,8 +57,7 @@ def save_then_die(self, step, state, iterator):
         os.kill(os.getpid(), signal.SIGKILL)
 
 checkpointing.Checkpointer.save = save_then_die
-sys.argv = ["pretrain.train"] + sys.argv[1:]
-app.run(train.main)
+sys.exit(train.main(sys.argv[1:]))
 """
 
 
@@ -144,7 +143,7 @@ class Scenario:
 def write_setup(base: str) -> str:
     """Synthetic shards and a tiny gin file; returns the gin file."""
     sys.path.insert(0, ROOT)
-    from tests import synthetic
+    from data import synthetic
 
     data_dir = synthetic.write_shards(
         os.path.join(base, "shards"),
@@ -236,23 +235,30 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"SIGKILL during the save of step 6: complete steps {on_disk}, resumed, identical final hash")
 
-        # 4. SIGTERM (preemption): clean exit with a checkpoint at the step it stopped.
+        # 4. SIGTERM (preemption): clean exit with a checkpoint at the step it stopped. A copy
+        # of the stopped run is scenario 6's starting point.
         scenario = Scenario(base, "sigterm", gin_file)
         code, log = scenario.run_until(5, signal.SIGTERM)
         match = re.search(r"SIGTERM: stopped at step (\d+)", log)
         _expect(code == 0 and match is not None, f"SIGTERM: exit {code}, log:\n{log[-2000:]}")
         stopped = int(match.group(1))
         _expect(stopped in scenario.checkpoint_steps(), f"SIGTERM: no checkpoint {stopped}")
+        disk_full = Scenario(base, "disk_full", gin_file)
+        shutil.copytree(scenario.workdir, disk_full.workdir)
         finished = same_end(scenario, "SIGTERM")
         _expect(f"resumed from step {stopped}" in finished["log"], "SIGTERM: did not resume at the stop")
         report["sigterm"] = {"stopped_at": stopped, "exit_code": code}
         print(f"SIGTERM: exit 0, checkpoint at step {stopped}, resumed: identical final hash", flush=True)
 
-        # 5. Damaged latest checkpoints.
+        # 5. Damaged latest checkpoints: one run killed after step 11, three copies of its
+        # workdir, each damaged another way.
         report["corruption"] = {}
+        killed = Scenario(base, "killed_at_11", gin_file)
+        code, log = killed.run_until(11, signal.SIGKILL)
+        _expect(code == -signal.SIGKILL, f"SIGKILL at step 11: exit code {code}\n{log[-2000:]}")
         for damage in ("delete_array_file", "truncate_array_file", "delete_iterator_state"):
             scenario = Scenario(base, damage, gin_file)
-            code, log = scenario.run_until(11, signal.SIGKILL)
+            shutil.copytree(killed.workdir, scenario.workdir)
             steps = scenario.checkpoint_steps()
             latest = steps[-1]
             _damage(scenario.workdir, latest, damage)
@@ -269,9 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 "identical final hash"
             )
 
-        # 6. The disk fills up during a save.
-        scenario = Scenario(base, "disk_full", gin_file)
-        code, log = scenario.run_until(3, signal.SIGTERM)
+        # 6. The disk fills up during a save (resuming the run stopped by SIGTERM above).
+        scenario = disk_full
         before = scenario.checkpoint_steps()
         result = scenario.run(fsize_limit=64 * 1024)
         errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]

@@ -2,12 +2,12 @@
 the results table and curves are written, unequal token budgets are refused."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests import synthetic
+from data import synthetic
+from pretrain import ablate
+from tests import cli_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,38 +44,31 @@ run.eval_batches = 1
     return data_dir, base_gin, grid
 
 
-def _ablate(grid, workdir, data_dir, base_gin, *extra):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pretrain.ablate",
-            str(grid),
-            f"--workdir={workdir}",
-            f"--data_dir={data_dir}",
-            f"--gin_file={base_gin}",
-            "--steps=4",
-            *extra,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+@pytest.fixture
+def _ablate(monkeypatch, capsys):
+    """`python -m pretrain.ablate GRID ...` in this process (the arms train in their own)."""
+    monkeypatch.chdir(ROOT)  # gin includes are relative to the repository root
+
+    def run(grid, workdir, data_dir, base_gin, *extra):
+        args = [str(grid), f"--workdir={workdir}", f"--data_dir={data_dir}", f"--gin_file={base_gin}"]
+        return cli_run.run(ablate.main, [*args, "--steps=4", *extra], capsys)
+
+    return run
 
 
 @pytest.mark.slow(60)  # seconds on the 2-core CI machine
-def test_grid_runs_every_arm_then_skips_them(setup, tmp_path):
+def test_grid_runs_every_arm_then_skips_them(setup, tmp_path, _ablate):
     data_dir, base_gin, grid = setup
     result = _ablate(grid, tmp_path, data_dir, base_gin)
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "results.md").read_text()
-    rows = [l for l in table.splitlines() if l.startswith("| n")]
-    assert [r.split("|")[1].strip() for r in rows] == ["none", "nsp"]
-    assert rows[0].split("|")[4].strip() == "-"  # no sentence head, no sentence accuracy
-    assert float(rows[1].split("|")[4]) > 0
+    table = [[cell.strip() for cell in line.split("|")[1:-1]] for line in (tmp_path / "results.md").open()]
+    header = next(cells for cells in table if cells and cells[0] == "arm")
+    rows = {cells[0]: dict(zip(header, cells)) for cells in table if cells and cells[0] in ("none", "nsp")}
+    assert list(rows) == ["none", "nsp"]
+    assert {"loss", "mlm_accuracy", "sentence_accuracy", "tokens/s"} <= set(header)
+    assert rows["none"]["sentence_accuracy"] == "-"  # no sentence head, no sentence accuracy
+    assert float(rows["nsp"]["sentence_accuracy"]) > 0
+    assert float(rows["none"]["mlm_accuracy"]) >= 0 and float(rows["nsp"]["tokens/s"]) > 0
     assert (tmp_path / "eval_curves.png").stat().st_size > 0
     for arm in ("none", "nsp"):
         assert '"step": 4' in (tmp_path / arm / "summary.json").read_text()
@@ -85,12 +78,12 @@ def test_grid_runs_every_arm_then_skips_them(setup, tmp_path):
     assert again.stdout.count("finished before, skipped") == 2
 
 
-def test_unequal_token_budgets_are_refused(setup, tmp_path):
+def test_unequal_token_budgets_are_refused(setup, tmp_path, _ablate):
     data_dir, base_gin, grid = setup
     uneven = tmp_path / "uneven"
     uneven.mkdir()
     (uneven / "short.gin").write_text("PipelineConfig.max_seq_length = 16\n")
     (uneven / "long.gin").write_text("PipelineConfig.max_seq_length = 32\n")
     result = _ablate(uneven, tmp_path / "w", data_dir, base_gin)
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    errors = result.errors()
     assert result.returncode == 2 and len(errors) == 1 and "different numbers of training tokens" in errors[0]

@@ -15,11 +15,13 @@ import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec
 
+from core import axes, optim, sharding
+from core.state import count_params
 from data.pipeline import PipelineConfig
-from models import axes
 from models.encoder import Encoder, EncoderConfig
-from models.pretraining import PretrainingModel, abstract_params, count_params, flops_per_sequence
-from pretrain import optim, sharding, trainer
+from models.pretraining import BertPretrainingModel, abstract_params
+from pretrain import step, trainer  # noqa: F401  (trainer registers run for the recipe tests)
+from pretrain.objectives import MaskedLM
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -58,7 +60,7 @@ def make_batch(seed=0):
 
 
 def init_params(config):
-    model = PretrainingModel(config)
+    model = BertPretrainingModel(config)
     return nn.unbox(
         jax.jit(lambda rng: model.init(rng, make_batch(), deterministic=True))(jax.random.key(0))
     )["params"]
@@ -107,7 +109,7 @@ def _tie(unshared, sharing):
 
 
 def _loss_and_grad(config):
-    model = PretrainingModel(config)
+    model = BertPretrainingModel(config)
     batch = make_batch()
 
     def loss(params):
@@ -155,6 +157,11 @@ def test_shared_blocks_are_reused_and_gradients_sum(unshared, unshared_loss_and_
     jax.tree.map(close, grad_shared["mlm_head"], grad_tied["mlm_head"])
 
 
+def _flops(config):
+    """The MLM objective's training FLOPs per row of L tokens with P predictions."""
+    return MaskedLM(config, PipelineConfig(max_seq_length=64, max_predictions_per_seq=P)).flops_per_row(L, P)
+
+
 def test_sharing_saves_parameters_not_flops():
     counts = {s: count_params(abstract_params(dataclasses.replace(TINY, sharing=s))) for s in SHARED_NAME}
     counts["none"] = count_params(abstract_params(TINY))
@@ -162,7 +169,7 @@ def test_sharing_saves_parameters_not_flops():
     assert counts["none"] - counts["all"] == (TINY.num_layers - 1) * layer
     assert counts["none"] > counts["attention"] > counts["all"]
     assert counts["none"] > counts["ffn"] > counts["all"]
-    flops = {flops_per_sequence(dataclasses.replace(TINY, sharing=s), L, P) for s in counts}
+    flops = {_flops(dataclasses.replace(TINY, sharing=s)) for s in counts}
     assert len(flops) == 1
 
 
@@ -284,7 +291,7 @@ def test_mlm_decoder_is_tied_to_the_factorized_table(unshared):
     )
     x = _layer_norm(x, head["transform_layer_norm"], config.layer_norm_eps)
     expected = x @ table.T + head["output_bias"]
-    logits = PretrainingModel(config).apply({"params": unshared}, batch, deterministic=True)["mlm_logits"]
+    logits = BertPretrainingModel(config).apply({"params": unshared}, batch, deterministic=True)["mlm_logits"]
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -313,20 +320,20 @@ def _matmul_flops(jaxpr):
 def test_flops_formula_matches_the_traced_matmuls(unshared, sharing, embedding_size):
     """3 x the forward pass's matmuls, less the pooler (which the formula leaves out)."""
     config = dataclasses.replace(TINY, sharing=sharing, embedding_size=embedding_size)
-    model = PretrainingModel(config, sentence_objective=False)
+    model = BertPretrainingModel(config, sentence_head=False)
     batch = {k: v for k, v in make_batch().items()}
     batch["input_mask"] = np.ones_like(batch["input_mask"])
     params = jax.eval_shape(lambda rng: model.init(rng, batch, deterministic=True), jax.random.key(0))
     jaxpr = jax.make_jaxpr(lambda v: model.apply(v, batch, deterministic=True))(params).jaxpr
     pooler = 2 * config.hidden_size**2
     traced = 3 * (_matmul_flops(jaxpr) / B - pooler)
-    assert traced == pytest.approx(flops_per_sequence(config, L, P), rel=1e-9)
+    assert traced == pytest.approx(_flops(config), rel=1e-9)
 
 
 def test_bf16_forward_with_factorized_embedding(unshared):
     """Compute dtype flows through the projection and the E-sized MLM head."""
     config = dataclasses.replace(TINY, sharing="none", dtype="bfloat16")
-    out = PretrainingModel(config).apply({"params": unshared}, make_batch(), deterministic=True)
+    out = BertPretrainingModel(config).apply({"params": unshared}, make_batch(), deterministic=True)
     assert out["mlm_logits"].dtype == jnp.float32
     assert out["mlm_logits"].shape == (B, P, TINY.vocab_size)
     assert bool(jnp.isfinite(out["mlm_logits"]).all())
@@ -358,14 +365,13 @@ def _train_batches(n, batch_size=8, seed=0):
 def _train(mesh_spec, batches, config):
     # A large eps keeps the first updates continuous in the gradient (see test_sharding.py).
     optimizer, schedule = optim.lamb(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
-    mesh = sharding.make_mesh(mesh_spec, jax.devices()[:1] if mesh_spec is None else None)
-    rules = sharding.logical_axis_rules()
-    example = {k: v[:1] for k, v in batches[0].items()}
-    setup = trainer.build(config, optimizer, schedule, example, mesh, rules, 0, True)
-    state, losses = setup.state, []
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    partitioner = sharding.Partitioner.create(mesh_spec, jax.devices()[:1] if mesh_spec is None else None)
+    objective = MaskedLM(config, PipelineConfig(max_seq_length=max(L, 8), max_predictions_per_seq=P))
+    steps = step.build(objective=objective, optimizer=optimizer, schedule=schedule, partitioner=partitioner)
+    state, losses = steps.states(jax.random.key(0)), []
+    with partitioner:
         for batch in batches:
-            state, metrics = setup.train_step(state, sharding.global_batch(batch, mesh), jax.random.key(1))
+            state, metrics = steps.train_step(state, partitioner.global_batch(batch), jax.random.key(1))
             losses.append(float(metrics["loss"]))
     return state, losses
 

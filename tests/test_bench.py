@@ -13,9 +13,11 @@ import jax
 import numpy as np
 
 from bench import report
+from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
-from models.pretraining import PretrainingModel, resize_vocab_rows
-from pretrain import losses
+from models.pretraining import resize_vocab_rows
+from pretrain.objectives import MaskedLM
+from pretrain.objectives.masked_lm import mlm_loss_and_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,15 +95,20 @@ TINY = EncoderConfig(
 )
 
 
+def _objective(config, sentence_objective="nsp"):
+    return MaskedLM(config, PipelineConfig(max_seq_length=24, sentence_objective=sentence_objective))
+
+
 def _tiny_model_and_batch(vocab_pad_multiple=1):
     config = dataclasses.replace(TINY, vocab_pad_multiple=vocab_pad_multiple)
     batch = report.synthetic_batch(4, 24, 4, config.vocab_size, seed=3)
     batch["masked_lm_weights"][1, -1] = 0.0  # a padding prediction slot
-    return PretrainingModel(config), batch
+    return _objective(config), batch
 
 
 def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_positions():
-    model, batch = _tiny_model_and_batch()
+    objective, batch = _tiny_model_and_batch()
+    model = objective.module
     full = report.all_positions_batch(batch)
     assert full["masked_lm_positions"].shape == (4, 24) and full["masked_lm_weights"].sum() == 15
     params = nn.meta.unbox(model.init(jax.random.key(0), batch, deterministic=True))
@@ -109,8 +116,12 @@ def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_posi
     masked_out = model.apply(params, batch, deterministic=False, rngs=rng)
     full_out = model.apply(params, full, deterministic=False, rngs=rng)
     assert full_out["mlm_logits"].shape == (4, 24, 300)
-    loss, sums = losses.pretraining_loss(masked_out, batch)
-    full_loss, full_sums = losses.pretraining_loss(full_out, full)
+
+    def loss_and_sums(batch):
+        return objective.loss(params["params"], batch, rng, objective.normalizers(batch), train=True)
+
+    loss, sums = loss_and_sums(batch)
+    full_loss, full_sums = loss_and_sums(full)
     np.testing.assert_allclose(float(full_loss), float(loss), rtol=1e-6)
     for key in sums:
         np.testing.assert_allclose(float(full_sums[key]), float(sums[key]), rtol=1e-6, err_msg=key)
@@ -126,27 +137,30 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
     """vocab_pad_multiple=128: 384 table rows for 300 entries; with the unpadded model's
     parameters (padding rows zero) logits and loss are identical and the gradient of the
     padding rows is exactly zero, so they never influence training."""
-    model, batch = _tiny_model_and_batch()
-    padded_model, _ = _tiny_model_and_batch(vocab_pad_multiple=128)
+    objective, batch = _tiny_model_and_batch()
+    padded_objective, _ = _tiny_model_and_batch(vocab_pad_multiple=128)
+    model, padded_model = objective.module, padded_objective.module
     params = nn.meta.unbox(model.init(jax.random.key(0), batch, deterministic=True))["params"]
     padded = resize_vocab_rows(jax.device_get(params), 384)
     shapes = jax.eval_shape(lambda: padded_model.init(jax.random.key(0), batch, deterministic=True))
     assert nn.meta.unbox(shapes)["params"]["mlm_head"]["output_bias"].shape == (384,)
     assert padded["encoder"]["embeddings"]["word_embeddings"]["embedding"].shape == (384, 32)
 
-    def loss(model, params):
-        return losses.pretraining_loss(model.apply({"params": params}, batch, deterministic=True), batch)[0]
+    def loss(objective, params):
+        return objective.loss(params, batch, {}, objective.normalizers(batch), train=False)[0]
 
     np.testing.assert_allclose(
         np.asarray(padded_model.apply({"params": padded}, batch, deterministic=True)["mlm_logits"]),
         np.asarray(model.apply({"params": params}, batch, deterministic=True)["mlm_logits"]),
         atol=1e-6,
     )
-    grads = jax.grad(lambda p: loss(padded_model, p))(padded)
+    grads = jax.grad(lambda p: loss(padded_objective, p))(padded)
     assert not np.any(np.asarray(grads["encoder"]["embeddings"]["word_embeddings"]["embedding"])[300:])
     assert not np.any(np.asarray(grads["mlm_head"]["output_bias"])[300:])
     assert np.any(np.asarray(grads["mlm_head"]["output_bias"])[:300])
-    np.testing.assert_allclose(float(loss(padded_model, padded)), float(loss(model, params)), rtol=1e-6)
+    np.testing.assert_allclose(
+        float(loss(padded_objective, padded)), float(loss(objective, params)), rtol=1e-6
+    )
 
 
 def test_input_pipeline_benchmark_prints_its_result():
@@ -170,7 +184,7 @@ def test_input_pipeline_benchmark_measures_packing():
 def test_packed_rows_give_each_example_its_unpacked_mlm_loss():
     """Two examples packed into one row (example_ids, restarting positions) have the same
     masked-position logits and per-example MLM loss as each example alone in its row."""
-    model = PretrainingModel(TINY, sentence_objective=False)
+    model = _objective(TINY, sentence_objective="none").module
     rng = np.random.default_rng(0)
     lengths, length = (11, 9), 24
     examples = [rng.integers(5, 300, n).astype(np.int32) for n in lengths]
@@ -206,8 +220,8 @@ def test_packed_rows_give_each_example_its_unpacked_mlm_loss():
         logits = model.apply(params, alone, deterministic=True)["mlm_logits"]
         np.testing.assert_allclose(packed_logits[3 * k : 3 * k + 3], np.asarray(logits)[0], atol=2e-5)
         piece = {key: packed[key][:, 3 * k : 3 * k + 3] for key in ("masked_lm_ids", "masked_lm_weights")}
-        loss_packed = losses.mlm_loss_and_metrics(
+        loss_packed = mlm_loss_and_metrics(
             packed_logits[None, 3 * k : 3 * k + 3], piece["masked_lm_ids"], piece["masked_lm_weights"]
         )
-        loss_alone = losses.mlm_loss_and_metrics(logits, alone["masked_lm_ids"], alone["masked_lm_weights"])
+        loss_alone = mlm_loss_and_metrics(logits, alone["masked_lm_ids"], alone["masked_lm_weights"])
         np.testing.assert_allclose(loss_packed["mlm_loss_sum"], loss_alone["mlm_loss_sum"], rtol=1e-5)

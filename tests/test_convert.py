@@ -21,10 +21,11 @@ import transformers
 from flax import traverse_util
 from safetensors.numpy import load_file
 
+from core import workdir as workdir_files
 from data import tokenizers
 from models import convert, encode, predict
-from models.pretraining import PretrainingModel
-from pretrain import workdir as workdir_lib
+from models import pretrained as workdir_lib
+from models.pretraining import BertPretrainingModel
 
 transformers.utils.logging.disable_progress_bar()  # keeps stderr to the CLI's own lines
 TOLERANCE = 1e-4  # max abs diff in float32 (issue 5); measured values are printed with -s
@@ -105,7 +106,7 @@ def _our_outputs(pretrained: workdir_lib.Pretrained, inputs: dict[str, np.ndarra
     params = pretrained.params
     if "mlm_head" in params:
         sentence = "sentence_head" in params
-        model = PretrainingModel(pretrained.config, sentence_objective=sentence)
+        model = BertPretrainingModel(pretrained.config, sentence_head=sentence)
         length = batch["input_ids"].shape[1]
         logits = model.apply(
             {"params": {**params, "encoder": encode.encoder_params(pretrained.config, params)}},
@@ -774,8 +775,9 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     """run.init_from: an imported model's parameters start the run (lr 0 keeps them exactly);
     heads the HF model lacks (a BertModel has neither MLM nor NSP head) start from init;
     shards of another tokenizer are refused."""
+    from core import optim
     from data.pipeline import PipelineConfig
-    from pretrain import optim, trainer
+    from pretrain import trainer
 
     model = _randomize(transformers.BertModel(_bert_config()), seed=5)
     imported = str(tmp_path / "imported")
@@ -799,8 +801,8 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
         init_from=imported,
     )
     trainer.run(str(tmp_path / "continued"), **args)
-    source, _ = workdir_lib.load_params(imported)
-    continued, step = workdir_lib.load_params(str(tmp_path / "continued"))
+    source, _ = workdir_files.load_params(imported)
+    continued, step = workdir_files.load_params(str(tmp_path / "continued"))
     assert step == 1
     source, continued = _flat(source), _flat(continued)
     assert set(source) <= set(continued)
@@ -813,7 +815,7 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     # of 128 rows, and the export drops the padding again, giving the unpadded run's files.
     padded_config = dataclasses.replace(args["model_config"], vocab_pad_multiple=128)
     trainer.run(str(tmp_path / "padded"), **{**args, "model_config": padded_config})
-    padded, _ = workdir_lib.load_params(str(tmp_path / "padded"))
+    padded, _ = workdir_files.load_params(str(tmp_path / "padded"))
     padded = _flat(padded)
     table = ("encoder", "embeddings", "word_embeddings", "embedding")
     assert padded[table].shape == (128, 32) and padded[("mlm_head", "output_bias")].shape == (128,)
@@ -834,5 +836,5 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     (other_dir / "vocab.txt").write_text("".join(t + "\n" for t in vocab[:6] + vocab[6:][::-1]))
     other(str(other_dir / "vocab.txt")).save(str(other_dir))
     other_data = _shards_for(str(other_dir), tmp_path / "other")
-    with pytest.raises(workdir_lib.WorkdirError, match="has another tokenizer than the shards"):
+    with pytest.raises(workdir_files.WorkdirError, match="has another tokenizer than the shards"):
         trainer.run(str(tmp_path / "refused"), **{**args, "data_dir": other_data})

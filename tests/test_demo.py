@@ -38,7 +38,14 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "report.txt").read_text()
-    for expected in ("MLM accuracy", "NSP accuracy", "unigram baseline", "tokens/s", "fill-mask", "answer:"):
+    for expected in (
+        "mlm_accuracy",
+        "sentence_accuracy",
+        "unigram baseline",
+        "tokens/s",
+        "fill-mask",
+        "answer:",
+    ):
         assert expected in report
     assert (tmp_path / "run" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import instances, pipeline
+from data import instances, pair_layout, pipeline, shards, synthetic
 from models.encoder import Encoder, EncoderConfig
-from tests import synthetic
 
 CLS, SEP, PAD = synthetic.SPECIAL["cls"], synthetic.SPECIAL["sep"], synthetic.SPECIAL["pad"]
 L = 40
@@ -47,7 +46,7 @@ def test_roberta_pair_layout():
     np.testing.assert_array_equal(out["input_ids"], [CLS, 10, 11, SEP, SEP, 20, SEP, PAD, PAD, PAD])
     np.testing.assert_array_equal(out["input_mask"], [1] * 7 + [0] * 3)
     np.testing.assert_array_equal(out["segment_ids"], [0] * 10)
-    assert instances.num_pair_specials("roberta") == 4 and instances.num_pair_specials("bert") == 3
+    assert pair_layout.get("roberta").num_specials() == 4 and pair_layout.get("bert").num_specials() == 3
 
 
 def test_sentence_pair_chunks_are_single_consecutive_sentences():
@@ -323,18 +322,18 @@ def test_sop_and_sentence_pair_rows_in_the_pipeline(data_dir):
 
 
 def test_manifest_pair_format_is_used_and_conflicts_are_errors():
-    vocab = pipeline.Vocab.from_manifest(
-        {"vocab_size": 10, "special_ids": dict(synthetic.SPECIAL), "tokenizer": {"pair_format": "roberta"}}
-    )
-    assert pipeline.resolve_pair_format(_config(), vocab) == "roberta"
+    def vocab(fields):
+        return shards.Manifest(
+            "shards", {"vocab_size": 10, "special_ids": dict(synthetic.SPECIAL), **fields}
+        ).vocab
+
+    roberta = vocab({"tokenizer": {"pair_format": "roberta"}})
+    assert pipeline.resolve_pair_format(_config(), roberta) == "roberta"
     with pytest.raises(ValueError, match="pair_format"):
-        pipeline.resolve_pair_format(_config(pair_format="bert"), vocab)
-    top_level = pipeline.Vocab.from_manifest(
-        {"vocab_size": 10, "special_ids": dict(synthetic.SPECIAL), "pair_format": "roberta", "tokenizer": {}}
-    )
+        pipeline.resolve_pair_format(_config(pair_format="bert"), roberta)
+    top_level = vocab({"pair_format": "roberta", "tokenizer": {}})
     assert pipeline.resolve_pair_format(_config(), top_level) == "roberta"
-    plain = pipeline.Vocab.from_manifest({"vocab_size": 10, "special_ids": dict(synthetic.SPECIAL)})
-    assert pipeline.resolve_pair_format(_config(), plain) == "bert"
+    assert pipeline.resolve_pair_format(_config(), vocab({})) == "bert"
 
 
 def test_config_errors():

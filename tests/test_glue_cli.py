@@ -1,11 +1,9 @@
-"""`python -m finetune.glue` end to end on every task of a generated official-layout folder,
-with a tiny random "pretrained" workdir: results, table, leaderboard files and zip; and
-its one-line errors."""
+"""`python -m finetune.glue` end to end (its main() in this process, tests/cli_run.py) on
+every task of a generated official-layout folder, with a tiny random "pretrained" workdir:
+results, table, leaderboard files and zip; and its one-line errors."""
 
 import json
 import os
-import subprocess
-import sys
 import zipfile
 
 import flax.linen as nn
@@ -13,11 +11,12 @@ import jax
 import pytest
 
 from data import tokenizers
-from finetune import submission
+from finetune import glue, submission
 from finetune.tasks import TASKS, parse_tasks, read_glue_dir
+from models import pretrained
 from models.encoder import EncoderConfig
-from models.pretraining import PretrainingModel, example_batch
-from pretrain import workdir
+from models.pretraining import BertPretrainingModel, example_batch
+from tests import cli_run
 from tests.glue_folders import write_glue_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,26 +39,20 @@ def setup(tmp_path_factory):
     config = EncoderConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32
     )
-    params = PretrainingModel(config).init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)
-    workdir.save_pretrained(
+    params = BertPretrainingModel(config).init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)
+    pretrained.save_pretrained(
         str(root / "pretrained"), config, nn.meta.unbox(params["params"]), tokenizer, step=3
     )
     return root, glue_dir
 
 
-def _run(*args):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run(
-        [sys.executable, "-m", "finetune.glue", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+@pytest.fixture
+def _run(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)  # --gin_file's default is relative to the repository root
+    return lambda *args: cli_run.run(glue.main, args, capsys)
 
 
-def test_all_tasks_give_results_and_a_full_submission(setup):
+def test_all_tasks_give_results_and_a_full_submission(setup, _run):
     root, glue_dir = setup
     out = root / "out"
     result = _run(
@@ -126,7 +119,7 @@ def test_all_tasks_give_results_and_a_full_submission(setup):
         (["--tasks=rte", "--glue_dir=GLUE", "--gin_bindings=Grid.max_seq_length = 1024"], "max_position"),
     ],
 )
-def test_user_errors_are_one_line(setup, args, message):
+def test_user_errors_are_one_line(setup, _run, args, message):
     root, glue_dir = setup
     args = [a.replace("GLUE", glue_dir) for a in args]
     result = _run(f"--init_checkpoint={root / 'pretrained'}", f"--workdir={root / 'err'}", *args)
@@ -136,7 +129,7 @@ def test_user_errors_are_one_line(setup, args, message):
     assert "Traceback" not in result.stderr
 
 
-def test_not_a_pretrained_workdir(setup, tmp_path):
+def test_not_a_pretrained_workdir(setup, _run, tmp_path):
     _, glue_dir = setup
     result = _run(
         f"--init_checkpoint={tmp_path}", "--tasks=rte", f"--glue_dir={glue_dir}", f"--workdir={tmp_path}/o"

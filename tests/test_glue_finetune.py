@@ -9,13 +9,13 @@ import jax
 import numpy as np
 import pytest
 
+from core import sharding
 from data import tokenizers
 from finetune import sweep, trainer
 from finetune.model import PretrainedWeightsError
 from finetune.tasks import TASKS, Example
 from models.encoder import EncoderConfig
-from models.pretraining import PretrainingModel, example_batch
-from pretrain import sharding
+from models.pretraining import BertPretrainingModel, example_batch
 
 KEY = "red"
 WORDS = ["green", "blue", "yellow", "cat", "dog", "bird", "fish", "tree", "rock", "house", "road", "lamp"]
@@ -57,7 +57,7 @@ def tiny_model():
         dropout_rate=0.0,
         attention_dropout_rate=0.0,
     )
-    model = PretrainingModel(config)
+    model = BertPretrainingModel(config)
     params = nn.meta.unbox(
         model.init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)["params"]
     )
@@ -70,8 +70,7 @@ def _steps(config, task, mesh_spec=None):
         task,
         trainer.OptimizerConfig(weight_decay=0.0),
         LENGTH,
-        sharding.make_mesh(mesh_spec),
-        sharding.logical_axis_rules(),
+        sharding.Partitioner.create(mesh_spec),
         classifier_dropout_rate=0.0,
     )
 
@@ -110,7 +109,8 @@ def test_regression_head_learns_scores(tiny):
 def test_pretrained_encoder_and_pooler_are_loaded(tiny):
     tokenizer, config, params = tiny
     steps = _steps(config, TASKS["mnli"])
-    state = steps.init(0, params)
+    schedule = dict(learning_rate=1e-3, warmup_steps=1, total_steps=10)
+    state = steps.init(0, params, **schedule)
     loaded = jax.device_get(state.params)
     for path, value in jax.tree_util.tree_leaves_with_path(params["encoder"]):
         got = loaded["encoder"]
@@ -118,15 +118,15 @@ def test_pretrained_encoder_and_pooler_are_loaded(tiny):
             got = got[key.key]
         np.testing.assert_array_equal(got, value)
     assert loaded["classifier"]["kernel"].shape == (config.hidden_size, 3)
-    other = jax.device_get(steps.init(1, params).params)
+    other = jax.device_get(steps.init(1, params, **schedule).params)
     assert not np.array_equal(other["classifier"]["kernel"], loaded["classifier"]["kernel"])
 
     without_pooler = {"encoder": {k: v for k, v in params["encoder"].items() if k != "pooler"}}
-    fresh = jax.device_get(steps.init(5, without_pooler).params)  # not the pretraining init seed
+    fresh = jax.device_get(steps.init(5, without_pooler, **schedule).params)  # not the pretraining init seed
     assert not np.array_equal(fresh["encoder"]["pooler"]["kernel"], params["encoder"]["pooler"]["kernel"])
     without_layer = {"encoder": {k: v for k, v in params["encoder"].items() if k != "layer_1"}}
     with pytest.raises(PretrainedWeightsError, match="no encoder parameter layer_1/"):
-        steps.init(0, without_layer)
+        steps.init(0, without_layer, **schedule)
 
 
 def _fake_result(score: float) -> trainer.RunResult:

@@ -5,8 +5,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from finetune import metrics, trainer
-from pretrain import optim
+from finetune import metrics
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -55,11 +54,3 @@ def test_task_and_glue_score():
     assert metrics.glue_score({"mrpc": 0.85, "cola": 0.55}) == pytest.approx(0.7)
     with pytest.raises(ValueError):
         metrics.glue_score({})
-
-
-def test_host_learning_rate_equals_pretrain_schedule():
-    schedule = optim.warmup_linear_decay(3e-5, 10, 100)
-    for step in (0, 1, 5, 10, 11, 50, 99, 100, 120):
-        assert trainer.learning_rate(step, 3e-5, 10, 100) == pytest.approx(
-            float(schedule(step)), rel=1e-6, abs=1e-12
-        )

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import instances, shards
-from tests import synthetic
+from data import instances, shards, synthetic
 
 MAX_LEN = 32
 

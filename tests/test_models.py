@@ -2,8 +2,6 @@
 
 import dataclasses
 import pathlib
-import subprocess
-import sys
 
 import flax.linen as nn
 import gin
@@ -14,11 +12,12 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from core import axes, flops
+from core.state import count_params
 from data.pipeline import PipelineConfig
-from models import axes
 from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
-from models.pretraining import PretrainingModel, abstract_params, count_params, flops_per_sequence
-from pretrain import optim, trainer  # noqa: F401  (registers adamw and run for the recipes)
+from models.pretraining import BertPretrainingModel, abstract_params
+from pretrain import summary, trainer  # noqa: F401  (registers adamw and run for the recipes)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -54,7 +53,7 @@ def make_batch(batch_size=B, seed=0, real_len=L - 5):
 @pytest.fixture(scope="module")
 def tiny():
     """The tiny model and its variables; they depend on neither compute dtype nor batch shape."""
-    model = PretrainingModel(TINY)
+    model = BertPretrainingModel(TINY)
     # Jitted: eager init compiles every initialiser op separately, ~3x slower here.
     return model, jax.jit(lambda rng: model.init(rng, make_batch(), deterministic=True))(RNG)
 
@@ -166,9 +165,7 @@ def test_albert_gin_files(name, sizes):
 )
 def test_published_param_counts(name, published):
     """eval_shape only: even xxlarge allocates nothing."""
-    count = count_params(
-        abstract_params(_model_config(name), sentence_objective=not name.startswith("roberta"))
-    )
+    count = count_params(abstract_params(_model_config(name), sentence_head=not name.startswith("roberta")))
     assert abs(count / published - 1) < 0.03, count
 
 
@@ -178,7 +175,7 @@ def test_published_param_counts(name, published):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_output_shapes_and_dtypes(tiny, dtype):
     config = dataclasses.replace(TINY, dtype=dtype)
-    model, variables = PretrainingModel(config), tiny[1]
+    model, variables = BertPretrainingModel(config), tiny[1]
     out = model.apply(variables, make_batch(), deterministic=True)
     assert set(out) == {"mlm_logits", "sentence_logits"}
     assert out["mlm_logits"].shape == (B, P, TINY.vocab_size)
@@ -199,10 +196,10 @@ def test_output_shapes_and_dtypes(tiny, dtype):
     assert encoded.pooled_output.shape == (B, TINY.hidden_size)
 
 
-def test_without_sentence_objective(tiny):
-    assert set(abstract_params(TINY, sentence_objective=False)) == {"encoder", "mlm_head"}
+def test_without_sentence_head(tiny):
+    assert set(abstract_params(TINY, sentence_head=False)) == {"encoder", "mlm_head"}
     params = {k: v for k, v in tiny[1]["params"].items() if k != "sentence_head"}
-    out = PretrainingModel(TINY, sentence_objective=False).apply(
+    out = BertPretrainingModel(TINY, sentence_head=False).apply(
         {"params": params}, make_batch(), deterministic=True
     )
     assert set(out) == {"mlm_logits"}
@@ -259,10 +256,28 @@ def test_bert_param_counts():
 
 
 def test_flops_per_sequence():
-    large = EncoderConfig(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096)
-    assert abs(flops_per_sequence(EncoderConfig(), 128, 20) / 70e9 - 1) < 0.03
-    assert abs(flops_per_sequence(large, 128, 20) / 241e9 - 1) < 0.03
-    assert abs(flops_per_sequence(large, 512, 76) / 1.02e12 - 1) < 0.03
+    """docs/performance.md's reference values: BERT-base @128 ~70 GFLOP per row, large @128
+    ~241, large @512 with P = 76 ~1.02 TFLOP."""
+
+    def bert(layers, hidden, seq, predictions):
+        return flops.bert_pretraining(
+            hidden=hidden,
+            layers=layers,
+            intermediate=4 * hidden,
+            vocab=30522,
+            seq=seq,
+            predictions=predictions,
+        )
+
+    assert abs(bert(12, 768, 128, 20) / 70e9 - 1) < 0.01
+    assert abs(bert(24, 1024, 128, 20) / 241e9 - 1) < 0.01
+    assert abs(bert(24, 1024, 512, 76) / 1.02e12 - 1) < 0.01
+    # ALBERT: the E -> H projection, and an MLM head through E, not H.
+    albert = flops.bert_pretraining(
+        hidden=768, layers=12, intermediate=3072, vocab=30000, seq=128, predictions=20, embedding=128
+    )
+    layers = flops.encoder_layers(layers=12, hidden=768, intermediate=3072, seq=128)
+    assert albert == 3 * (layers + 2 * 128 * 128 * 768 + 2 * 20 * (768 * 128 + 128 * 30000))
 
 
 @pytest.mark.parametrize("size, learning_rate, warmup", [("base", 6e-4, 24000), ("large", 4e-4, 30000)])
@@ -311,25 +326,27 @@ def test_roberta_position_offset(tiny):
     offset = dataclasses.replace(TINY, max_position_embeddings=L + 2, position_offset=2, type_vocab_size=1)
     plain = dataclasses.replace(offset, max_position_embeddings=L, position_offset=0)
     batch = dict(make_batch(), segment_ids=np.zeros((B, L), np.int32))
-    params = nn.unbox(jax.jit(lambda rng: PretrainingModel(offset).init(rng, batch, deterministic=True))(RNG))
+    params = nn.unbox(
+        jax.jit(lambda rng: BertPretrainingModel(offset).init(rng, batch, deterministic=True))(RNG)
+    )
     assert params["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"].shape == (L + 2, 32)
     shifted = jax.tree.map(lambda x: x, params)
     table = shifted["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"]
     shifted["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"] = table[2:]
 
-    expected = PretrainingModel(plain).apply(shifted, batch, deterministic=True)["mlm_logits"]
-    actual = PretrainingModel(offset).apply(params, batch, deterministic=True)["mlm_logits"]
+    expected = BertPretrainingModel(plain).apply(shifted, batch, deterministic=True)["mlm_logits"]
+    actual = BertPretrainingModel(offset).apply(params, batch, deterministic=True)["mlm_logits"]
     np.testing.assert_allclose(actual, expected, atol=1e-6)
     # Rows 0 and 1 are never read (fairseq's padding_idx = 1 and below).
     changed = jax.tree.map(lambda x: x, params)
     changed["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"] = table.at[:2].set(9.0)
     np.testing.assert_array_equal(
-        PretrainingModel(offset).apply(changed, batch, deterministic=True)["mlm_logits"], actual
+        BertPretrainingModel(offset).apply(changed, batch, deterministic=True)["mlm_logits"], actual
     )
     # ... and the offset is real: without it the same parameters give another function.
     unshifted = dataclasses.replace(offset, position_offset=0)
     assert not np.allclose(
-        PretrainingModel(unshifted).apply(params, batch, deterministic=True)["mlm_logits"], actual
+        BertPretrainingModel(unshifted).apply(params, batch, deterministic=True)["mlm_logits"], actual
     )
 
 
@@ -503,12 +520,12 @@ def test_dropout_and_determinism(tiny):
     assert not np.allclose(first, reference)
 
     # Attention dropout alone (the explicit attention path) changes the output ...
-    attention_only = PretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0))
+    attention_only = BertPretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0))
     assert not np.allclose(
         run(attention_only, deterministic=False, rngs={"dropout": jax.random.key(1)}), reference
     )
     # ... and with all rates 0, training mode is the inference function.
-    no_dropout = PretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0, attention_dropout_rate=0.0))
+    no_dropout = BertPretrainingModel(dataclasses.replace(TINY, dropout_rate=0.0, attention_dropout_rate=0.0))
     np.testing.assert_allclose(run(no_dropout, deterministic=False), reference, atol=1e-6)
 
 
@@ -574,16 +591,22 @@ def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
 # --- CLI ---------------------------------------------------------------------------------
 
 
-def _summary(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "models.summary", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+def _summary(*args, capsys):
+    """pretrain.summary in this process: (exit status, stdout lines as a dict, stderr)."""
+    gin.clear_config()
+    try:
+        status = summary.main(list(args))
+    finally:
+        gin.clear_config()
+    out, err = capsys.readouterr()
+    lines = dict(line.split(": ") for line in out.splitlines() if ": " in line)
+    return status, lines, err
 
 
-def test_summary_cli():
-    result = _summary("--gin_file=configs/models/bert_base.gin")
-    assert result.returncode == 0, result.stderr
-    lines = dict(line.split(": ") for line in result.stdout.splitlines())
+def test_summary_cli(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    status, lines, err = _summary("--gin_file=configs/models/bert_base.gin", capsys=capsys)
+    assert status == 0, err
     assert abs(int(lines["params"]) / 110e6 - 1) < 0.02
     assert abs(float(lines["train_gflops_per_sequence"]) / 70 - 1) < 0.03
     assert float(lines["train_flops_per_token"]) == pytest.approx(
@@ -591,47 +614,56 @@ def test_summary_cli():
     )
 
 
-def test_summary_cli_roberta_without_sentence_head():
-    with_head = _summary("--gin_file=configs/models/roberta_base.gin", "--seq_len=512")
-    without = _summary(
-        "--gin_file=configs/models/roberta_base.gin", "--seq_len=512", "--nosentence_objective"
+def test_summary_cli_follows_the_recipe_objective(monkeypatch, capsys):
+    """RoBERTa's recipe makes no sentence labels, so its model has no sentence head."""
+    monkeypatch.chdir(ROOT)
+    model = "--gin_file=configs/models/roberta_base.gin"
+    status, with_head, err = _summary(model, "--seq_len=512", capsys=capsys)
+    assert status == 0, err
+    status, recipe, err = _summary(
+        model,
+        "--gin_file=configs/recipes/roberta.gin",
+        "--gin_bindings=EncoderConfig.vocab_pad_multiple = 1",  # the recipe pads V to 50304 rows
+        capsys=capsys,
     )
-    assert with_head.returncode == without.returncode == 0, without.stderr
-    params = [
-        int(dict(line.split(": ") for line in r.stdout.splitlines())["params"]) for r in (with_head, without)
-    ]
-    assert params[0] - params[1] == 2 * (768 + 1)  # the 2-way head on the pooled output
-    assert abs(params[1] / 125e6 - 1) < 0.03
-    too_long = _summary("--gin_file=configs/models/roberta_base.gin", "--seq_len=513")
-    assert too_long.returncode == 2 and "position_offset=2" in too_long.stderr
+    assert status == 0, err
+    assert int(with_head["params"]) - int(recipe["params"]) == 2 * (768 + 1)  # the 2-way head
+    assert abs(int(recipe["params"]) / 125e6 - 1) < 0.03
+    assert with_head["train_gflops_per_sequence"] == recipe["train_gflops_per_sequence"]  # both 512, P 80
+    status, _, err = _summary(model, "--seq_len=513", capsys=capsys)
+    assert status == 2 and "position_offset = 2" in err
 
 
-def test_summary_cli_reports_cli():
-    result = _summary("--gin_file=configs/models/bert_base.gin", "--gin_bindings=EncoderConfig.num_heads = 7")
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+def test_summary_cli_reports_config_errors(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    status, lines, err = _summary(
+        "--gin_file=configs/models/bert_base.gin", "--gin_bindings=EncoderConfig.num_heads = 7", capsys=capsys
+    )
+    assert status == 2 and not lines
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "num_heads" in errors[0]
-    assert "params" not in result.stdout
 
 
-def test_summary_cli_reads_run_files_and_still_catches_typos():
+def test_summary_cli_reads_run_files_and_still_catches_typos(monkeypatch, capsys):
     """A run file (which also binds the trainer's configurables) works; a misspelled
     EncoderConfig parameter is still an error."""
-    albert = _summary(
-        "--gin_file=configs/runs/demo_albert.gin", "--gin_bindings=EncoderConfig.vocab_size=8192"
+    monkeypatch.chdir(ROOT)
+    status, shared, err = _summary(
+        "--gin_file=configs/runs/demo_albert.gin",
+        "--gin_bindings=EncoderConfig.vocab_size=8192",
+        capsys=capsys,
     )
-    assert albert.returncode == 0, albert.stderr
-    shared = dict(line.split(": ") for line in albert.stdout.splitlines())
-    unshared = _summary(
+    assert status == 0, err
+    _, unshared, _ = _summary(
         "--gin_file=configs/runs/demo_albert.gin",
         "--gin_bindings=EncoderConfig.vocab_size=8192",
         "--gin_bindings=EncoderConfig.sharing='none'",
+        capsys=capsys,
     )
     # 4 layers of H=128, FFN 512: not sharing adds 3 layers' parameters.
     layer = 4 * (128 * 128 + 128) + 2 * 128 * 512 + 512 + 128 + 2 * 2 * 128
-    added = int(dict(line.split(": ") for line in unshared.stdout.splitlines())["params"]) - int(
-        shared["params"]
+    assert int(unshared["params"]) - int(shared["params"]) == 3 * layer
+    status, _, err = _summary(
+        "--gin_file=configs/models/bert_base.gin", "--gin_bindings=EncoderConfig.hiden_size=3", capsys=capsys
     )
-    assert added == 3 * layer
-    typo = _summary("--gin_file=configs/models/bert_base.gin", "--gin_bindings=EncoderConfig.hiden_size=3")
-    assert typo.returncode == 2 and "doesn't have a parameter named 'hiden_size'" in typo.stderr
+    assert status == 2 and "doesn't have a parameter named 'hiden_size'" in err

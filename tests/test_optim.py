@@ -8,9 +8,9 @@ import numpy as np
 import optax
 from flax import traverse_util
 
+from core import optim
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params
-from pretrain import optim
 
 TINY = EncoderConfig(
     vocab_size=100,
@@ -42,6 +42,40 @@ def test_warmup_then_linear_decay_over_the_whole_run():
     values = np.array([float(schedule(s)) for s in (0, 5, 10, 55, 100, 120)])
     # Warmup is linear to the peak; after it lr = peak * (1 - step / total), as in BERT.
     np.testing.assert_allclose(values, [0.0, 5e-5, 9e-5, 4.5e-5, 0.0, 0.0], rtol=1e-6, atol=1e-12)
+
+
+def test_grid_adamw_takes_its_schedule_from_the_state():
+    """Fine-tuning's AdamW: one compiled update serves every grid point, and each point's
+    updates are optax.adamw's with BERT's schedule for that point."""
+    make = optim.grid_adamw(b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0)
+    placeholder = make(learning_rate=0.0, warmup_steps=0, total_steps=1)
+    update = jax.jit(placeholder.update)
+    params = {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)}}
+    rs = np.random.RandomState(0)
+    compiled = []
+    for peak, warmup, total in [(3e-5, 3, 10), (1e-3, 1, 4)]:
+        state = optim.set_hyperparams(
+            placeholder.init(params), learning_rate=peak, warmup_steps=warmup, total_steps=total
+        )
+        reference = optim.adamw_chain(
+            optim.warmup_linear_decay(peak, warmup, total),
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            weight_decay=0.01,
+            clip_norm=1.0,
+        )
+        expected_state, current = reference.init(params), params
+        for _ in range(total + 1):
+            grads = jax.tree.map(lambda p: jnp.asarray(rs.normal(size=p.shape), jnp.float32), params)
+            updates, state = update(grads, state, current)
+            expected, expected_state = reference.update(grads, expected_state, current)
+            jax.tree.map(
+                lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12), updates, expected
+            )
+            current = optax.apply_updates(current, updates)
+        compiled.append(update._cache_size())
+    assert compiled[1] == compiled[0]  # the second grid point reuses the first one's executables
 
 
 # --- LAMB (ALBERT) ------------------------------------------------------------------------

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import pipeline, shards, tokenizers
-from tests import synthetic
+from data import pipeline, shards, synthetic, tokenizers
 
 CONFIG = pipeline.PipelineConfig(
     max_seq_length=48,
@@ -206,7 +205,7 @@ def test_derived_cap_never_binds(unit, data_dir):
         **{**CONFIG.__dict__, "max_predictions_per_seq": None, "short_seq_prob": 0.0, "masking_unit": unit}
     )
     files, _ = pipeline.host_files(data_dir, "train", 0, 1)
-    vocab = pipeline.Vocab.from_manifest(shards.load_manifest(data_dir))
+    vocab = shards.load_manifest(data_dir).vocab
     starts = np.ones(synthetic.VOCAB_SIZE, bool)
     rows = pipeline.instance_stream(files, config, vocab, word_starts=None if unit == "token" else starts)
     for row in rows.take(40).as_numpy_iterator():
@@ -220,7 +219,7 @@ def test_derived_cap_never_binds(unit, data_dir):
 def test_whole_word_masking_needs_a_word_start_table(data_dir):
     config = pipeline.PipelineConfig(**{**CONFIG.__dict__, "masking_unit": "whole_word"})
     files, _ = pipeline.host_files(data_dir, "train", 0, 1)
-    vocab = pipeline.Vocab.from_manifest(shards.load_manifest(data_dir))
+    vocab = shards.load_manifest(data_dir).vocab
     with pytest.raises(ValueError, match="word_starts"):
         pipeline.instance_stream(files, config, vocab)
 

@@ -2,14 +2,13 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from data import instances, preprocess, shards, tokenizers
+from tests import cli_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = (
@@ -41,8 +40,7 @@ def tokenizer_dir(tmp_path_factory):
 
 
 def _read(output, split):
-    manifest = shards.load_manifest(output)
-    files = [os.path.join(output, f) for f in manifest["splits"][split]["files"]]
+    files = shards.load_manifest(output).files(split)
     return list(tf.data.TFRecordDataset(files).map(instances.parse_document).as_numpy_iterator())
 
 
@@ -60,16 +58,16 @@ def test_shards_hold_every_document_with_sentences_kept(tmp_path, tokenizer_dir)
     )
     train, held = _read(out, "train"), _read(out, "eval")
     assert len(train) + len(held) == 40 and held and train
-    assert manifest["splits"]["train"]["documents"] == len(train)
+    assert manifest.splits["train"]["documents"] == len(train)
     assert sorted(int(d["doc_id"]) for d in train + held) == list(range(40))
     tok = tokenizers.load_tokenizer(tokenizer_dir)
     for doc in train + held:
         sentences = texts[int(doc["doc_id"])].split("\n")
         assert doc["sentence_lengths"].tolist() == [len(tok.encode(s)) for s in sentences]
         assert doc["token_ids"].tolist() == [t for s in sentences for t in tok.encode(s)]
-    assert manifest["vocab_size"] == tok.vocab_size
-    assert manifest["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
-    assert manifest["tokenizer"] == tok.identity()
+    assert manifest.vocab_size == tok.vocab_size
+    assert manifest.fields["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+    assert manifest.tokenizer == tok.identity()
     assert tokenizers.load_tokenizer(os.path.join(out, shards.TOKENIZER_DIR)).identity() == tok.identity()
 
 
@@ -114,19 +112,14 @@ def test_single_sentence_documents_warn_then_fail_when_most(tmp_path, tokenizer_
         )
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "data.preprocess", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
+@pytest.fixture
+def _cli(capsys):
+    """`python -m data.preprocess ARGS`, run in this process (tests/cli_run.py)."""
+    return lambda *args: cli_run.run(preprocess.main, args, capsys)
 
 
 def _error_lines(result):
-    return [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    return result.errors()
 
 
 @pytest.mark.parametrize(
@@ -150,7 +143,7 @@ def _error_lines(result):
         ),
     ],
 )
-def test_cli_bad_corpus_gives_one_error_line(tmp_path, tokenizer_dir, make_corpus, message):
+def test_cli_bad_corpus_gives_one_error_line(tmp_path, tokenizer_dir, _cli, make_corpus, message):
     result = _cli(
         f"--corpus={make_corpus(tmp_path)}", f"--tokenizer={tokenizer_dir}", f"--output={tmp_path / 'o'}"
     )
@@ -160,7 +153,7 @@ def test_cli_bad_corpus_gives_one_error_line(tmp_path, tokenizer_dir, make_corpu
     assert not os.path.exists(tmp_path / "o" / shards.MANIFEST)
 
 
-def test_cli_missing_tokenizer(tmp_path):
+def test_cli_missing_tokenizer(tmp_path, _cli):
     _write_corpus(tmp_path / "c.txt")
     result = _cli(
         f"--corpus={tmp_path / 'c.txt'}", f"--tokenizer={tmp_path / 'nope'}", f"--output={tmp_path / 'o'}"
@@ -168,7 +161,7 @@ def test_cli_missing_tokenizer(tmp_path):
     assert result.returncode == 2 and len(_error_lines(result)) == 1 and "Traceback" not in result.stderr
 
 
-def test_manifest_is_json_with_counts(tmp_path, tokenizer_dir):
+def test_manifest_is_json_with_counts(tmp_path, tokenizer_dir, _cli):
     _write_corpus(tmp_path / "c.txt")
     result = _cli(
         f"--corpus={tmp_path / 'c.txt'}",

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from core import checkpointing, preemption
 from models.encoder import EncoderConfig
-from pretrain import checkpointing, preemption, trainer
+from pretrain import step
+from pretrain.monitor import DivergedError
 from tests.test_train import TINY, _run, data_dir  # noqa: F401  (data_dir is a fixture)
 
 
@@ -20,20 +22,20 @@ from tests.test_train import TINY, _run, data_dir  # noqa: F401  (data_dir is a 
 def poisoned_steps(monkeypatch):
     """Makes the loss (and so the gradients) NaN at the given 1-based steps."""
     bad_steps = []
-    original = trainer.train_step
+    original = step.train_step
 
     def poisoned(state, batch, rng, **kwargs):
         bad = jnp.isin(state.step + 1, jnp.asarray(bad_steps or [-1]))
         weights = jnp.where(bad, jnp.nan, batch["masked_lm_weights"])
         return original(state, {**batch, "masked_lm_weights": weights}, rng, **kwargs)
 
-    monkeypatch.setattr(trainer, "train_step", poisoned)
+    monkeypatch.setattr(step, "train_step", poisoned)
     return bad_steps
 
 
 def test_non_finite_loss_stops_and_never_saves_it(tmp_path, data_dir, poisoned_steps):  # noqa: F811
     poisoned_steps.extend([7])
-    with pytest.raises(trainer.TrainError) as error:
+    with pytest.raises(DivergedError) as error:
         _run(tmp_path, data_dir, steps=12, checkpoint_every=5, log_every=100)
     message = str(error.value)
     assert "non-finite loss nan" in message and "at step 7" in message
@@ -45,7 +47,7 @@ def test_non_finite_loss_stops_and_never_saves_it(tmp_path, data_dir, poisoned_s
 
 def test_skip_policy_skips_and_logs_each_step(tmp_path, data_dir, poisoned_steps, caplog):  # noqa: F811
     poisoned_steps.extend([3, 8])
-    with caplog.at_level(logging.WARNING, logger="pretrain"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.monitor"):
         summary = _run(tmp_path, data_dir, steps=10, max_skipped_steps=2)
     skipped = [r.getMessage() for r in caplog.records if "update skipped" in r.getMessage()]
     assert [m.split(":")[0] for m in skipped] == ["step 3", "step 8"]
@@ -54,9 +56,7 @@ def test_skip_policy_skips_and_logs_each_step(tmp_path, data_dir, poisoned_steps
 
 def test_skip_budget_exhausted_stops(tmp_path, data_dir, poisoned_steps):  # noqa: F811
     poisoned_steps.extend([3, 6])
-    with pytest.raises(
-        trainer.TrainError, match=r"at step 6 after 1 skipped steps \(run.max_skipped_steps = 1\)"
-    ):
+    with pytest.raises(DivergedError, match=r"at step 6 after 1 skipped steps \(run.max_skipped_steps = 1\)"):
         _run(tmp_path, data_dir, steps=10, max_skipped_steps=1)
 
 
@@ -84,7 +84,7 @@ def test_too_little_disk_for_one_checkpoint(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(checkpointing.shutil, "disk_usage", lambda path: usage(10**9, 0, 5 * 10**8))
     with pytest.raises(checkpointing.CheckpointError, match="only 0.50 GB free .* needs about 1.30 GB"):
         checkpointing.check_free_space(str(tmp_path), 13 * 10**8, max_to_keep=3)
-    with caplog.at_level(logging.WARNING, logger="pretrain"):
+    with caplog.at_level(logging.WARNING, logger="core.checkpointing"):
         checkpointing.check_free_space(str(tmp_path), 2 * 10**8, max_to_keep=3)
     assert "less than the 3 checkpoints" in caplog.text
     checkpointing.check_free_space("gs://bucket/run", 13 * 10**8, max_to_keep=3)  # no local limit

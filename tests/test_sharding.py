@@ -3,16 +3,17 @@ sharded as the rules say, gradient accumulation and remat change nothing, hosts 
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from data import pipeline, shards
+from core import optim, sharding
+from data import pipeline, shards, synthetic
+from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
-from pretrain import optim, sharding, trainer
-from tests import synthetic
+from pretrain import step
+from pretrain.objectives import MaskedLM
 
 # 8 heads and dims divisible by 8 so that tensor:8 is possible; no dropout so that every
 # layout computes the same function.
@@ -56,13 +57,19 @@ def _train(mesh, batches, config=TINY, microbatches=1):
     # flip sign between layouts (reductions run in another order). A large eps makes the
     # update continuous in g, so the comparison tests the sharding, not the noise.
     optimizer, schedule = optim.adamw(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
-    example = {k: v[:1] for k, v in batches[0].items()}
-    rules = sharding.logical_axis_rules()
-    setup = trainer.build(config, optimizer, schedule, example, mesh, rules, 0, True, microbatches)
-    state, losses = setup.state, []
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    partitioner = sharding.Partitioner(mesh, sharding.logical_axis_rules())
+    objective = MaskedLM(config, PipelineConfig(max_seq_length=L, max_predictions_per_seq=P))
+    steps = step.build(
+        objective=objective,
+        optimizer=optimizer,
+        schedule=schedule,
+        partitioner=partitioner,
+        microbatches=microbatches,
+    )
+    state, losses = steps.states(jax.random.key(0)), []
+    with partitioner:
         for batch in batches:
-            state, metrics = setup.train_step(state, sharding.global_batch(batch, mesh), jax.random.key(1))
+            state, metrics = steps.train_step(state, partitioner.global_batch(batch), jax.random.key(1))
             losses.append(float(metrics["loss"]))
     return state, losses
 
@@ -173,7 +180,7 @@ def test_mocked_hosts_read_disjoint_data_covering_all(tmp_path, num_hosts):
     for host in range(num_hosts):
         files, by_document = pipeline.host_files(data_dir, "train", host, num_hosts)
         assert not by_document and len(files) == 4 // num_hosts
-        vocab = pipeline.Vocab.from_manifest(shards.load_manifest(data_dir))
+        vocab = shards.load_manifest(data_dir).vocab
         rows = pipeline.instance_stream(files, config, vocab, shuffle=False)
         ids = set()
         for row in rows.take(200).as_numpy_iterator():  # > one epoch of this host's documents

@@ -2,14 +2,13 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from data import corpora, tokenizers
 from data.tokenizers import TokenizerError, WordPieceTokenizer
+from tests import cli_run
 
 # The published BERT layout: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.
 _HEAD = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -176,17 +175,13 @@ def test_save_and_load(trained, tmp_path):
         tokenizers.load_tokenizer(str(tmp_path / "tok"))
 
 
-def _run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "data.tokenizers", *args],
-        capture_output=True,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        timeout=120,
-    )
+@pytest.fixture
+def _run_cli(capsys):
+    """`python -m data.tokenizers ARGS`, run in this process (tests/cli_run.py)."""
+    return lambda *args: cli_run.run(tokenizers.main, args, capsys)
 
 
-def test_cli_train(tmp_path):
+def test_cli_train(tmp_path, _run_cli):
     corpus = tmp_path / "corpus.txt"
     words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma".split()
     with open(corpus, "w") as f:
@@ -215,7 +210,7 @@ def test_cli_train(tmp_path):
     assert loaded.decode(loaded.encode("Alpha beta 7.")) == "Alpha beta 7."
 
 
-def test_cli_user_error(tmp_path):
+def test_cli_user_error(tmp_path, _run_cli):
     result = _run_cli(
         "train", f"--corpus={tmp_path}/missing*.txt", "--vocab_size=300", f"--output={tmp_path}/tok"
     )
@@ -481,7 +476,7 @@ def test_identity_distinguishes_kinds(trained, trained_bpe, trained_sp):
         ("sentencepiece", "spiece.model", ["spiece.model", "tokenizer_config.json"]),
     ],
 )
-def test_cli_train_kinds(tmp_path, kind, written, files):
+def test_cli_train_kinds(tmp_path, kind, written, files, _run_cli):
     output = tmp_path / "tok"
     result = _run_cli("train", "--corpus=demo", f"--kind={kind}", "--vocab_size=400", f"--output={output}")
     assert result.returncode == 0, result.stderr
@@ -491,7 +486,7 @@ def test_cli_train_kinds(tmp_path, kind, written, files):
     assert loaded.identity()["kind"] == kind and loaded.vocab_size == 400
 
 
-def test_cli_bpe_rejects_cased(tmp_path):
+def test_cli_bpe_rejects_cased(tmp_path, _run_cli):
     result = _run_cli("train", "--corpus=demo", "--kind=bpe", "--cased", f"--output={tmp_path}/tok")
     assert result.returncode == 2
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [

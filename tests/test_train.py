@@ -5,11 +5,13 @@ import os
 
 import pytest
 
-from data import pipeline
+from core import optim, sharding, workdir
+from core.errors import ConfigError
+from core.state import params_sha256
+from data import pipeline, synthetic
+from models import pretrained as pretrained_lib
 from models.encoder import EncoderConfig
-from pretrain import optim, sharding, trainer
-from pretrain import workdir as workdir_lib
-from tests import synthetic
+from pretrain import trainer
 
 TINY = EncoderConfig(
     vocab_size=synthetic.VOCAB_SIZE,
@@ -75,9 +77,9 @@ def test_loss_falls_and_outputs_are_written(tmp_path, data_dir):
     assert os.listdir(tmp_path / "tensorboard")
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "25", "30"]
     # What fine-tuning and export read back: the config and the final parameters.
-    assert workdir_lib.load_model_config(str(tmp_path)) == TINY
-    params, step = workdir_lib.load_params(str(tmp_path))
-    assert step == 30 and trainer.params_sha256(params) == summary["params_sha256"]
+    assert pretrained_lib.load_model_config(str(tmp_path)) == TINY
+    params, step = workdir.load_params(str(tmp_path))
+    assert step == 30 and params_sha256(params) == summary["params_sha256"]
 
 
 def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):
@@ -93,7 +95,7 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):
 
 def test_vocab_mismatch_is_a_clear_error(tmp_path, data_dir):
     bad = EncoderConfig(**{**TINY.__dict__, "vocab_size": 1000})
-    with pytest.raises(trainer.TrainError, match="vocab_size=1000 .* vocabulary of 21000"):
+    with pytest.raises(ConfigError, match="vocab_size=1000 .* vocabulary of 21000"):
         _run(tmp_path, data_dir, steps=2, model_config=bad)
     assert not os.path.exists(tmp_path / "checkpoints")
 

@@ -1,14 +1,14 @@
-"""pretrain.train as a user runs it: bad inputs give one `error:` line, exit 2, and leave
-existing checkpoints untouched."""
+"""pretrain.train as a user runs it (its main() in this process, tests/cli_run.py): bad
+inputs give one `error:` line, exit 2, and leave existing checkpoints untouched."""
 
 import hashlib
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests import synthetic
+from data import synthetic
+from pretrain import train
+from tests import cli_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,21 +39,22 @@ run.eval_batches = 1
 adamw.warmup_steps = 1
 """)
     workdir = base / "work"
-    result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}")
-    assert result.returncode == 0, result.stderr[-3000:]
     return gin_file, workdir
 
 
-def _train(*args):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    return subprocess.run(
-        [sys.executable, "-m", "pretrain.train", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # gin includes are relative to the repository root
+
+
+@pytest.fixture
+def trained(run_setup, capsys):
+    """The workdir with its 2-step checkpoint (trained by the first test that asks)."""
+    gin_file, workdir = run_setup
+    if not (workdir / "checkpoints").exists():
+        result = cli_run.run(train.main, [f"--gin_file={gin_file}", f"--workdir={workdir}"], capsys)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return gin_file, workdir
 
 
 def _tree_hash(directory):
@@ -77,24 +78,24 @@ def _tree_hash(directory):
         (["--gin_bindings=run.data_dir='/nonexistent'"], "no manifest.json in '/nonexistent'"),
     ],
 )
-def test_bad_input_is_one_error_line_and_checkpoints_stay(run_setup, extra, message):
-    gin_file, workdir = run_setup
+def test_bad_input_is_one_error_line_and_checkpoints_stay(trained, capsys, extra, message):
+    gin_file, workdir = trained
     before = _tree_hash(workdir / "checkpoints")
-    result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}", *extra)
-    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    result = cli_run.run(train.main, [f"--gin_file={gin_file}", f"--workdir={workdir}", *extra], capsys)
+    errors = result.errors()
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(errors) == 1 and message in errors[0], errors or result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert _tree_hash(workdir / "checkpoints") == before
 
 
-def test_missing_gin_file(tmp_path):
-    result = _train("--gin_file=configs/runs/nope.gin", f"--workdir={tmp_path}")
+def test_missing_gin_file(tmp_path, capsys):
+    result = cli_run.run(train.main, ["--gin_file=configs/runs/nope.gin", f"--workdir={tmp_path}"], capsys)
     assert result.returncode == 2 and "cannot read --gin_file configs/runs/nope.gin" in result.stderr
 
 
-def test_finished_run_started_again_resumes_and_stops(run_setup):
-    gin_file, workdir = run_setup
-    result = _train(f"--gin_file={gin_file}", f"--workdir={workdir}")
+def test_finished_run_started_again_resumes_and_stops(trained, capsys):
+    gin_file, workdir = trained
+    result = cli_run.run(train.main, [f"--gin_file={gin_file}", f"--workdir={workdir}"], capsys)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from step 2" in result.stderr and "done: step 2" in result.stdout

@@ -7,8 +7,10 @@ import os
 import gin
 import pytest
 
+from core import preemption
+from core.errors import ConfigError
 from data.pipeline import PipelineConfig
-from pretrain import preemption, trainer
+from pretrain import step
 from tests.test_train import DATA, _run, data_dir  # noqa: F401  (data_dir is a fixture)
 
 PHASE2 = dataclasses.replace(DATA, max_seq_length=64, max_predictions_per_seq=10)
@@ -22,13 +24,13 @@ def _two_phase(workdir, data_dir, **kwargs):  # noqa: F811
 def traced_shapes(monkeypatch):
     """Batch shapes the train step was compiled for (it is traced once per shape)."""
     shapes = []
-    original = trainer.train_step
+    original = step.train_step
 
     def recording(state, batch, rng, **kwargs):
         shapes.append((batch["input_ids"].shape, batch["masked_lm_positions"].shape))
         return original(state, batch, rng, **kwargs)
 
-    monkeypatch.setattr(trainer, "train_step", recording)
+    monkeypatch.setattr(step, "train_step", recording)
     return shapes
 
 
@@ -59,12 +61,12 @@ def test_resume_in_either_phase_equals_uninterrupted(tmp_path, data_dir, uninter
 
 
 def test_bad_phase_settings(tmp_path, data_dir):  # noqa: F811
-    with pytest.raises(trainer.TrainError, match="must be in"):
+    with pytest.raises(ConfigError, match="must be in"):
         _run(tmp_path, data_dir, steps=6, phase2_start=6, phase2_pipeline_config=PHASE2)
-    with pytest.raises(trainer.TrainError, match="set both"):
+    with pytest.raises(ConfigError, match="set both"):
         _run(tmp_path, data_dir, steps=6, phase2_start=3)
     too_long = dataclasses.replace(DATA, max_seq_length=128)
-    with pytest.raises(trainer.TrainError, match="exceeds EncoderConfig.max_position_embeddings = 64"):
+    with pytest.raises(ConfigError, match="exceeds EncoderConfig.max_position_embeddings = 64"):
         _run(tmp_path, data_dir, steps=6, phase2_start=3, phase2_pipeline_config=too_long)
 
 

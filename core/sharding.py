@@ -3,31 +3,39 @@
 The mesh has three named axes: `data` (pure data parallelism), `fsdp` (data parallel
 *and* parameters / optimizer state sharded, ZeRO-3 style) and `tensor` (heads, FFN and
 vocab split across devices). Batches are split over `data` x `fsdp`. Models name their
-dimensions (models/axes.py); `LOGICAL_AXIS_RULES` maps those names to mesh axes. A
+dimensions (core/axes.py); `logical_axis_rules()` maps those names to mesh axes. A
 mesh axis is used at most once per array: flax skips a rule whose mesh axis is already
 taken, so `embed -> fsdp` shards parameters but not activations (whose batch already
 uses fsdp).
+
+`Partitioner` holds the mesh and the rules together: `with partitioner:` makes both active
+(every jitted call of a step and every sharded init runs inside it), and it turns logical
+partition specs into shardings and host rows into global batches.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import math
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
+import flax.linen as nn
 import gin
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from models import axes
+from core import axes
+from core.errors import UserError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 
-class MeshError(ValueError):
+class MeshError(UserError):
     """A mesh or batch size that does not fit the devices (one line, user-facing)."""
 
 
@@ -63,7 +71,7 @@ def initialize_distributed(mode: str = "auto") -> bool:
     )
     if wanted:
         jax.distributed.initialize()
-        logging.getLogger("pretrain").info(
+        logging.getLogger(__name__).info(
             "distributed: process %d of %d", jax.process_index(), jax.process_count()
         )
     return wanted
@@ -146,3 +154,47 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
         )
         for k, v in local_batch.items()
     }
+
+
+@dataclasses.dataclass(eq=False)
+class Partitioner:
+    """A mesh and its logical-axis rules, used together everywhere.
+
+    `with partitioner:` sets the mesh (jax.set_mesh) and the rules (flax's
+    nn.logical_axis_rules) for the block: sharded init, the jitted steps and anything
+    that applies logical constraints run inside it.
+    """
+
+    mesh: Mesh
+    rules: tuple
+    _active: list = dataclasses.field(default_factory=list, init=False, repr=False)
+
+    @classmethod
+    def create(cls, spec: str | None = None, devices: Sequence[jax.Device] | None = None) -> Partitioner:
+        """The mesh of `spec` (parse_mesh) with the gin-configured logical_axis_rules()."""
+        return cls(make_mesh(spec, devices), logical_axis_rules())
+
+    def __enter__(self) -> Partitioner:
+        stack = contextlib.ExitStack()  # one per `with`, so that blocks may nest
+        stack.enter_context(jax.set_mesh(self.mesh))
+        stack.enter_context(nn.logical_axis_rules(self.rules))
+        self._active.append(stack)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._active.pop().close()
+
+    def shardings(self, boxed_tree: Any) -> Any:
+        """NamedShardings of a tree of nn.Partitioned boxes (e.g. jax.eval_shape of an init)."""
+        return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_tree), self.mesh, self.rules)
+
+    @property
+    def batch_sharding(self) -> NamedSharding:
+        return batch_sharding(self.mesh)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return data_parallel_size(self.mesh)
+
+    def global_batch(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return global_batch(local_batch, self.mesh)

@@ -1,6 +1,6 @@
 """Logical axis names of every parameter and activation in models/.
 
-Models name each array dimension by its role; `pretrain/sharding.py` maps these
+Models name each array dimension by its role; `core/sharding.py` maps these
 names onto mesh axes (`data`, `fsdp`, `tensor`) with one rules table, so a new
 sharding layout is a change of rules, never of model code. A dimension that is
 never sharded (e.g. the 2 NSP classes) is named `None`.

@@ -1,41 +1,32 @@
-"""What a pretraining workdir hands to the rest of the codebase: model config, tokenizer, params.
+"""A pretrained model as the rest of the codebase sees it: config, parameters, tokenizer.
 
-    WORKDIR/model_config.json    EncoderConfig fields (written when pretraining starts)
-    WORKDIR/tokenizer/           the tokenizer the shards were made with (load_tokenizer)
-    WORKDIR/checkpoints/<step>/  orbax TrainState {step, params, opt_state}
-
-GLUE fine-tuning (`--init_checkpoint`), checkpoint export and feature extraction all read
-a workdir through `load_pretrained`, so they never need the gin files of the run.
+Reads and writes model workdirs (the layout is core/workdir.py): GLUE fine-tuning
+(`--init_checkpoint`), checkpoint export, feature extraction, fill-mask and continued
+pretraining (`run.init_from`) all go through `load_pretrained`, so they never need the
+gin files of the run. The parameters are those of the pretraining tree; its `encoder`
+subtree is the model every later stage uses (every objective keeps the encoder to
+fine-tune there).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from typing import Any
 
-import flax.linen as nn
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import tensorflow as tf
 from flax import traverse_util
 
+from core import workdir as workdir_lib
+from core.workdir import TOKENIZER_DIR, WorkdirError
 from data import shards, tokenizers
 from models.encoder import EncoderConfig
 from models.pretraining import VOCAB_ROWS, resize_vocab_rows
 
-MODEL_CONFIG = "model_config.json"
-TOKENIZER_DIR = "tokenizer"
-CHECKPOINTS_DIR = "checkpoints"
-
 log = logging.getLogger(__name__)
-
-
-class WorkdirError(ValueError):
-    """A workdir that cannot serve as a pretrained model (one line, user-facing)."""
 
 
 @dataclasses.dataclass
@@ -54,9 +45,7 @@ class Pretrained:
 
 def write_model_info(workdir: str, config: EncoderConfig, data_dir: str) -> None:
     """Records the model config and copies the shards' tokenizer into the workdir."""
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(os.path.join(workdir, MODEL_CONFIG), "w") as f:
-        json.dump(dataclasses.asdict(config), f, indent=2)
+    workdir_lib.write_config(workdir, config)
     source = os.path.join(data_dir, shards.TOKENIZER_DIR)
     if tf.io.gfile.isdir(source):
         tokenizers.load_tokenizer(source).save(os.path.join(workdir, TOKENIZER_DIR))
@@ -72,76 +61,15 @@ def save_pretrained(
     """Writes a workdir that `load_pretrained` reads: config, tokenizer and params only.
 
     Used by checkpoint import and by tests; pretraining writes the full train state
-    through pretrain/checkpointing.py, whose `params` subtree is read the same way.
+    through core/checkpointing.py, whose `params` subtree is read the same way.
     """
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(os.path.join(workdir, MODEL_CONFIG), "w") as f:
-        json.dump(dataclasses.asdict(config), f, indent=2)
+    workdir_lib.write_config(workdir, config)
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
-    path = os.path.join(_absolute(workdir), CHECKPOINTS_DIR, str(step), "state")
-    checkpointer = ocp.PyTreeCheckpointer()
-    checkpointer.save(path, {"params": jax.device_get(nn.meta.unbox(params))}, force=True)
-
-
-def _absolute(workdir: str) -> str:
-    """orbax wants absolute local paths; GCS paths pass through."""
-    return workdir if "://" in workdir else os.path.abspath(workdir)
+    workdir_lib.save_params(workdir, params, step)
 
 
 def load_model_config(workdir: str) -> EncoderConfig:
-    path = os.path.join(workdir, MODEL_CONFIG)
-    if not tf.io.gfile.exists(path):
-        raise WorkdirError(
-            f"no {MODEL_CONFIG} in '{workdir}': pass the workdir of a pretraining run "
-            "(python -m pretrain.train) or of an imported checkpoint"
-        )
-    with tf.io.gfile.GFile(path) as f:
-        fields = json.load(f)
-    known = {field.name for field in dataclasses.fields(EncoderConfig)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise WorkdirError(
-            f"{path} has fields this code does not know: {unknown}; is it from a newer version?"
-        )
-    return EncoderConfig(**fields)
-
-
-def latest_step(workdir: str) -> int:
-    directory = os.path.join(workdir, CHECKPOINTS_DIR)
-    steps = (
-        [int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory)]
-        if tf.io.gfile.isdir(directory)
-        else []
-    )
-    steps = [s for s in steps if tf.io.gfile.exists(os.path.join(directory, str(s), "state"))]
-    if not steps:
-        raise WorkdirError(f"no finished checkpoint in '{directory}': pretraining has not saved one yet")
-    return max(steps)
-
-
-def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
-    """The parameters of checkpoint `step` (default: the latest) as NumPy arrays, and the step.
-
-    Restores only the `params` subtree (not the optimizer state) onto the host, so any
-    device count can read a checkpoint written on any mesh.
-    """
-    step = latest_step(workdir) if step is None else step
-    path = os.path.join(_absolute(workdir), CHECKPOINTS_DIR, str(step), "state")
-    checkpointer = ocp.PyTreeCheckpointer()
-    try:
-        metadata = checkpointer.metadata(path)
-        tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata
-        params_metadata = tree["params"]
-        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_metadata)
-        restored = checkpointer.restore(
-            path,
-            args=ocp.args.PyTreeRestore(
-                item={"params": params_metadata}, restore_args={"params": restore_args}, partial_restore=True
-            ),
-        )
-    except (FileNotFoundError, KeyError, ValueError) as e:
-        raise WorkdirError(f"cannot read the parameters of checkpoint {step} in '{workdir}': {e}") from None
-    return restored["params"], step
+    return workdir_lib.read_config(workdir, EncoderConfig)
 
 
 def load_pretrained(workdir: str, step: int | None = None) -> Pretrained:
@@ -157,11 +85,11 @@ def load_pretrained(workdir: str, step: int | None = None) -> Pretrained:
         raise WorkdirError(
             f"'{workdir}': tokenizer has {tokenizer.vocab_size} entries but the model {config.vocab_size}"
         )
-    params, step = load_params(workdir, step)
+    params, step = workdir_lib.load_params(workdir, step)
     return Pretrained(config=config, params=params, tokenizer=tokenizer, step=step)
 
 
-def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: dict) -> Any:
+def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: shards.Manifest) -> Any:
     """`params` (the fresh, sharded pretraining tree) with every parameter `init_from` has:
     continued pretraining from one of our workdirs or an imported published model.
 
@@ -171,7 +99,7 @@ def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: dic
     Returns the tree with each array placed with its sharding.
     """
     source_identity = _tokenizer_identity(init_from)
-    shards_identity = manifest.get("tokenizer")
+    shards_identity = manifest.tokenizer or None
     if shards_identity is not None and source_identity != shards_identity:
         raise WorkdirError(
             f"run.init_from '{init_from}' has another tokenizer than the shards "
@@ -179,12 +107,12 @@ def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: dic
             f"{shards_identity.get('kind')} {shards_identity.get('vocab_size')}): preprocess the "
             f"corpus with --tokenizer={os.path.join(init_from, TOKENIZER_DIR)}"
         )
-    source, step = load_params(init_from)
+    source, step = workdir_lib.load_params(init_from)
     target = traverse_util.flatten_dict(params)
     # Another vocab_pad_multiple only adds or drops rows that are never used.
     rows = {target[p].shape[0] for p in VOCAB_ROWS if p in target}
     table = traverse_util.flatten_dict(source).get(VOCAB_ROWS[0])
-    if len(rows) == 1 and table is not None and table.shape[0] >= manifest["vocab_size"]:
+    if len(rows) == 1 and table is not None and table.shape[0] >= manifest.vocab_size:
         source = resize_vocab_rows(source, rows.pop())
     source = traverse_util.flatten_dict(source)
     target_shardings = traverse_util.flatten_dict(shardings)

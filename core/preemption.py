@@ -18,7 +18,7 @@ from types import FrameType
 import jax
 from jax.experimental import multihost_utils
 
-log = logging.getLogger("pretrain")
+log = logging.getLogger(__name__)
 
 
 class StopWatcher:

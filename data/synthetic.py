@@ -1,4 +1,4 @@
-"""Synthetic tokenized-document shards for pipeline tests (no tokenizer needed).
+"""Synthetic tokenized-document shards for tests and benchmarks (no tokenizer needed).
 
 Token ids encode where they came from: token = 1000 + 100 * doc_id + sentence_index,
 so a test can tell which document and sentence any token of an instance belongs to.

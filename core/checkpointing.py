@@ -32,12 +32,14 @@ import orbax.checkpoint as ocp
 import tensorflow as tf
 from jax.experimental import multihost_utils
 
-log = logging.getLogger("pretrain")
+from core.errors import UserError
+
+log = logging.getLogger(__name__)
 
 BAD_CHECKPOINTS = "bad_checkpoints"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be written or restored (one line, user-facing)."""
 
 

@@ -1,0 +1,112 @@
+"""The files of a model workdir: what pretraining writes and every later stage reads.
+
+    WORKDIR/model_config.json    the model's config dataclass as JSON (EncoderConfig fields)
+    WORKDIR/tokenizer/           the tokenizer of the model's ids (data/tokenizers.py files)
+    WORKDIR/checkpoints/<step>/  orbax; `state` holds {step, params, opt_state} (pretraining)
+                                 or {params} (an imported or exported model)
+
+This module knows the layout and the parameters; models/pretrained.py adds the config
+and tokenizer types on top (Pretrained, load_pretrained), so GLUE fine-tuning, export,
+feature extraction and fill-mask never need the gin files of the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, TypeVar
+
+import flax.linen as nn
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorflow as tf
+
+from core.errors import UserError
+
+MODEL_CONFIG = "model_config.json"
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINTS_DIR = "checkpoints"
+
+Config = TypeVar("Config")
+
+
+class WorkdirError(UserError):
+    """A workdir that cannot serve as a pretrained model (one line, user-facing)."""
+
+
+def absolute(path: str) -> str:
+    """orbax wants absolute local paths; object-store paths (gs://...) pass through."""
+    return path if "://" in path else os.path.abspath(path)
+
+
+def write_config(workdir: str, config: Any) -> None:
+    """Writes the model's config dataclass to WORKDIR/model_config.json."""
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(os.path.join(workdir, MODEL_CONFIG), "w") as f:
+        json.dump(dataclasses.asdict(config), f, indent=2)
+
+
+def read_config(workdir: str, config_class: type[Config]) -> Config:
+    """The config dataclass of WORKDIR/model_config.json; fields this code does not know are an error."""
+    path = os.path.join(workdir, MODEL_CONFIG)
+    if not tf.io.gfile.exists(path):
+        raise WorkdirError(
+            f"no {MODEL_CONFIG} in '{workdir}': pass the workdir of a pretraining run "
+            "(python -m pretrain.train) or of an imported checkpoint"
+        )
+    with tf.io.gfile.GFile(path) as f:
+        fields = json.load(f)
+    known = {field.name for field in dataclasses.fields(config_class)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise WorkdirError(
+            f"{path} has fields this code does not know: {unknown}; is it from a newer version?"
+        )
+    return config_class(**fields)
+
+
+def latest_step(workdir: str) -> int:
+    """The newest finished checkpoint step of the workdir."""
+    directory = os.path.join(workdir, CHECKPOINTS_DIR)
+    steps = (
+        [int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory) if name.rstrip("/").isdigit()]
+        if tf.io.gfile.isdir(directory)
+        else []
+    )
+    steps = [s for s in steps if tf.io.gfile.exists(os.path.join(directory, str(s), "state"))]
+    if not steps:
+        raise WorkdirError(f"no finished checkpoint in '{directory}': pretraining has not saved one yet")
+    return max(steps)
+
+
+def save_params(workdir: str, params: Any, step: int = 0) -> None:
+    """Writes `params` as checkpoint `step` ({params} only), readable by `load_params`."""
+    path = os.path.join(absolute(workdir), CHECKPOINTS_DIR, str(step), "state")
+    ocp.PyTreeCheckpointer().save(path, {"params": jax.device_get(nn.meta.unbox(params))}, force=True)
+
+
+def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+    """The parameters of checkpoint `step` (default: the latest) as NumPy arrays, and the step.
+
+    Restores only the `params` subtree (not the optimizer state) onto the host, so any
+    device count can read a checkpoint written on any mesh.
+    """
+    step = latest_step(workdir) if step is None else step
+    path = os.path.join(absolute(workdir), CHECKPOINTS_DIR, str(step), "state")
+    checkpointer = ocp.PyTreeCheckpointer()
+    try:
+        metadata = checkpointer.metadata(path)
+        tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata
+        params_metadata = tree["params"]
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_metadata)
+        restored = checkpointer.restore(
+            path,
+            args=ocp.args.PyTreeRestore(
+                item={"params": params_metadata}, restore_args={"params": restore_args}, partial_restore=True
+            ),
+        )
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        raise WorkdirError(f"cannot read the parameters of checkpoint {step} in '{workdir}': {e}") from None
+    return restored["params"], step

@@ -1,0 +1,74 @@
+"""How one text or a pair of texts becomes a model input row: the one definition of each
+pair layout, used by the tokenizers (fine-tuning, feature extraction: Python lists) and by
+the tf.data instances (pretraining: tensors).
+
+    "bert"     [CLS] A [SEP] B [SEP]      segment ids 0 for [CLS], A and the first [SEP];
+                                          1 for B and the last [SEP]  (google-research/bert)
+    "roberta"  <s> A </s></s> B </s>      segment ids all 0  (fairseq; RoBERTa has one
+                                          token type)
+
+A single text is `[CLS] A [SEP]` (`<s> A </s>`), segment ids all 0, in both layouts.
+Each tokenizer names its layout (`Tokenizer.pair_format`); the layouts differ only in the
+number of separators between A and B and in B's segment id, which is all the code below
+reads (no branch per name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from core.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class PairLayout:
+    """name; separators: [SEP]s between A and B; b_segment: segment id of B and its [SEP]."""
+
+    name: str
+    separators: int
+    b_segment: int
+
+    def num_specials(self, pair: bool = True) -> int:
+        """Special tokens in a row: [CLS] and the closing [SEP], plus the separators of a pair."""
+        return 2 + (self.separators if pair else 0)
+
+    def ids(
+        self, a: Sequence[int], b: Sequence[int] | None, *, cls_id: int, sep_id: int
+    ) -> tuple[list[int], list[int]]:
+        """(input ids, segment ids) of one row as Python lists; b None = a single text."""
+        ids = [cls_id, *a]
+        segments = [0] * len(ids)
+        if b is not None:
+            ids += [sep_id] * self.separators
+            segments += [0] * self.separators
+            ids += [*b, sep_id]
+            segments += [self.b_segment] * (len(b) + 1)
+        else:
+            ids.append(sep_id)
+            segments.append(0)
+        return ids, segments
+
+    def tensors(self, a: tf.Tensor, b: tf.Tensor, *, cls_id: int, sep_id: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """(input ids, segment ids) of a pair as [n] int32 tensors; a, b: [None] int32."""
+        cls, sep = tf.constant([cls_id], tf.int32), tf.constant([sep_id], tf.int32)
+        separators = tf.repeat(sep, self.separators)
+        tokens = tf.concat([cls, a, separators, b, sep], axis=0)
+        first = tf.zeros([tf.size(a) + 1 + self.separators], tf.int32)
+        second = tf.fill([tf.size(b) + 1], tf.constant(self.b_segment, tf.int32))
+        return tokens, tf.concat([first, second], axis=0)
+
+
+LAYOUTS = {
+    "bert": PairLayout("bert", separators=1, b_segment=1),
+    "roberta": PairLayout("roberta", separators=2, b_segment=0),
+}
+NAMES = tuple(LAYOUTS)
+
+
+def get(name: str) -> PairLayout:
+    if name not in LAYOUTS:
+        raise ConfigError(f"pair_format must be one of {NAMES}, got {name!r}")
+    return LAYOUTS[name]

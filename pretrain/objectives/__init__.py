@@ -1,0 +1,29 @@
+"""Pretraining objectives: one module per family member (base.py has the interface).
+
+`make_objective` is the one place a run, a benchmark or pretrain.summary gets its
+objective from: a recipe chooses it with `make_objective.objective = @MaskedLM` (the
+default). Importing the package registers every objective with gin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gin
+
+from data.pipeline import PipelineConfig
+from models.encoder import EncoderConfig
+from pretrain.objectives.base import Objective
+from pretrain.objectives.masked_lm import MaskedLM
+
+__all__ = ["MaskedLM", "Objective", "make_objective"]
+
+
+@gin.configurable
+def make_objective(
+    model_config: EncoderConfig,
+    pipeline_config: PipelineConfig,
+    objective: Callable[[EncoderConfig, PipelineConfig], Objective] = MaskedLM,
+) -> Objective:
+    """The recipe's objective for this model and data recipe (gin: make_objective.objective)."""
+    return objective(model_config, pipeline_config)

@@ -1,0 +1,116 @@
+"""The interface every pretraining objective implements.
+
+An objective is the unit of a family member: the Flax module it trains (one parameter
+tree, which may hold two towers), the batch keys it reads, its loss and metric sums from a
+batch and random keys, the whole-batch denominators of its means, the metrics it logs and
+evaluates, and its model FLOPs per row. The trainer (pretrain/trainer.py, step.py),
+evaluation, bench/, pretrain.ablate, pretrain.summary, checkpoints and the demo only ever
+call this interface, so a new member (ELECTRA, SpanBERT, DeBERTa) is a new subclass, a gin
+recipe binding `run.objective` and tests; nothing else changes.
+
+How the known and coming members fit (docs/architecture.md has the full picture):
+
+- MLM + NSP/SOP (BERT, RoBERTa, ALBERT): masked_lm.MaskedLM.
+- ELECTRA: `module` holds generator and discriminator sharing one embedding block;
+  `rng_streams = ("dropout", "sampling")` gives the loss a key for masking and Gumbel
+  sampling inside the step; `loss` returns generator MLM + 50 x discriminator loss and
+  the sums of both; `normalizers` counts real tokens and masked positions of the whole
+  batch (both follow from input_mask, so microbatching stays exact).
+- SpanBERT: `batch_spec` adds the span-pair keys the pipeline writes; the module adds the
+  span-boundary head; the loss adds its term.
+- DeBERTa v3: RTD as ELECTRA; gradient-disentangled embedding sharing is a stop_gradient
+  inside the module (one optimizer, one parameter tree).
+- XLNet (later): memories carried from step to step would become a `carry` entry of the
+  train state that `loss` reads and returns; its continuing data stream is a pipeline
+  format (data/pipeline.py), not a trainer change.
+
+Conventions every objective keeps:
+- the pretraining tree's `encoder` subtree is the model that fine-tuning, export,
+  feature extraction and fill-mask read (models/pretrained.py);
+- `loss` works on any slice of rows of the batch, given `normalizers` of the whole batch:
+  then the gradients of k microbatches sum to the gradient of the whole batch;
+- metric values are sums (float32 scalars) so that they add across microbatches,
+  steps and evaluation batches; `summarize` turns sums into means.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+Batch = Mapping[str, jax.Array]
+
+
+class Objective(abc.ABC):
+    """A pretraining objective (see the module docstring)."""
+
+    #: The random streams `loss` draws from in training, one key each per step
+    #: ("dropout" always; ELECTRA adds "sampling"). In evaluation every stream but
+    #: "dropout" gets a fixed key, so evaluations repeat exactly.
+    rng_streams: tuple[str, ...] = ("dropout",)
+
+    #: The metric that sums a run up: summary.json, ablation tables, the demo's report.
+    headline_metric: str = "loss"
+
+    @property
+    @abc.abstractmethod
+    def module(self) -> nn.Module:
+        """The Flax module trained: `module.apply({"params": p}, batch, deterministic=...)`."""
+
+    @abc.abstractmethod
+    def batch_spec(
+        self, batch_size: int, seq_len: int, num_predictions: int
+    ) -> dict[str, jax.ShapeDtypeStruct]:
+        """The batch keys this objective reads, with their shapes and dtypes (the pipeline
+        must provide them; benchmarks and `init` make batches of this spec)."""
+
+    @abc.abstractmethod
+    def normalizers(self, batch: Batch) -> dict[str, jax.Array]:
+        """The denominators of the loss's means over the whole batch, e.g. the number of
+        predictions: computed once per step, before the batch is split into microbatches."""
+
+    @abc.abstractmethod
+    def loss(
+        self,
+        params: Any,
+        batch: Batch,
+        rngs: Mapping[str, jax.Array],
+        normalizers: Mapping[str, jax.Array],
+        *,
+        train: bool,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """(scalar loss to differentiate, metric sums) of `batch`, a slice of the whole batch.
+
+        rngs: one key per `rng_streams` entry. train: dropout on (evaluation: off).
+        The loss is this slice's share of the whole batch's loss (its sums divided by
+        `normalizers`), so shares add up over microbatches.
+        """
+
+    @abc.abstractmethod
+    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
+        """Metric sums (added over microbatches, steps or evaluation batches) -> the means
+        that are logged and evaluated; always includes "loss" and `headline_metric`."""
+
+    @abc.abstractmethod
+    def log_labels(self) -> dict[str, str]:
+        """{metric: short label} of the means shown in the console line after the loss."""
+
+    @abc.abstractmethod
+    def flops_per_row(self, seq_len: int, num_predictions: int) -> float:
+        """Model FLOPs to train on one row (core/flops.py's counting)."""
+
+    def example_batch(
+        self, batch_size: int = 1, seq_len: int = 8, num_predictions: int = 2
+    ) -> dict[str, np.ndarray]:
+        """A batch of `batch_spec`'s keys, all zeros: for init and shape inference."""
+        spec = self.batch_spec(batch_size, seq_len, num_predictions)
+        return {key: np.zeros(s.shape, s.dtype) for key, s in spec.items()}
+
+    def init(self, rng: jax.Array) -> Any:
+        """The parameter tree (in nn.Partitioned boxes) from `rng`."""
+        return self.module.init(rng, self.example_batch(), deterministic=True)["params"]
