@@ -22,10 +22,11 @@ fill / unpacked_fill. Measured on real text with `make demo`'s shards:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
+
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from core import cli
 
@@ -46,7 +47,6 @@ def build_parser():
 
 
 def _run(args) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     from data import pipeline

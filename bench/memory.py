@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 from core import cli
 
 

@@ -36,6 +36,8 @@ import dataclasses
 import os
 import sys
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 from core import cli
 
 OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding")

@@ -16,7 +16,7 @@ pass gets fresh masks. All randomness is stateless and seeded, so the stream is 
 function of (this host's files, config); the iterator is checkpointable with
 `tf.train.Checkpoint(iterator=it)` for exact resume.
 
-Batches are dicts of numpy-convertible tensors with the keys of DESIGN.md:
+Batches are dicts of numpy-convertible tensors with the keys of docs/architecture.md:
 input_ids, input_mask, segment_ids, positions [B, L] int32; masked_lm_positions,
 masked_lm_ids [B, P] int32; masked_lm_weights [B, P] float32; sentence_label [B] int32
 (absent with sentence_objective "none"); example_ids [B, L] int32 (DOC-SENTENCES only:

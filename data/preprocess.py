@@ -15,8 +15,8 @@ copied to `OUTPUT/tokenizer/` and `OUTPUT/manifest.json` (written last, so its p
 means the output is complete) records the tokenizer identity, vocab size, special ids,
 counts and a fingerprint of the inputs. Re-running with the same inputs is a no-op.
 
-Tokenization runs in `--num_workers` processes; the reader keeps at most a few batches
-in flight, so memory stays bounded whatever the corpus size.
+Tokenization runs in `--num_workers` processes (with one, in this process); the reader
+keeps at most a few batches in flight, so memory stays bounded whatever the corpus size.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import os
 import sys
 import time
 from typing import Iterator, Sequence
+
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 import tensorflow as tf
 
@@ -176,18 +178,24 @@ def preprocess(
             next_shard[split] += 1
             writers[split][shard].write(shards.encode_document(doc_id, sentences))
 
-    with multiprocessing.get_context("spawn").Pool(
-        num_workers, initializer=_init_worker, initargs=(tokenizer_path,)
-    ) as pool:
-        in_flight = collections.deque()
-        for batch, heldout, sources in _document_batches(corpus, eval_fraction, corpus_kwargs):
-            in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources))
-            if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
+    batches = _document_batches(corpus, eval_fraction, corpus_kwargs)
+    if num_workers == 1:  # one worker: this process (a worker process would only add its start-up)
+        _init_worker(tokenizer_path)
+        for batch, heldout, sources in batches:
+            write(_tokenize_batch(batch), heldout, sources)
+    else:
+        with multiprocessing.get_context("spawn").Pool(
+            num_workers, initializer=_init_worker, initargs=(tokenizer_path,)
+        ) as pool:
+            in_flight = collections.deque()
+            for batch, heldout, sources in batches:
+                in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources))
+                if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
+                    result, h, s = in_flight.popleft()
+                    write(result.get(), h, s)
+            while in_flight:
                 result, h, s = in_flight.popleft()
                 write(result.get(), h, s)
-        while in_flight:
-            result, h, s = in_flight.popleft()
-            write(result.get(), h, s)
     for split_writers in writers.values():
         for w in split_writers:
             w.close()

@@ -46,6 +46,8 @@ import typing
 import unicodedata
 from typing import Iterable, Iterator, Sequence
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 import numpy as np
 import sentencepiece as spm
 import tensorflow as tf

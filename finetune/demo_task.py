@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 import numpy as np
 
 from core import cli

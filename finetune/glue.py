@@ -26,9 +26,9 @@ import sys
 import time
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
-from core import cli  # noqa: E402
+from core import cli
 
 log = logging.getLogger("finetune")
 

@@ -49,6 +49,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 import flax.linen as nn
 import numpy as np
 import tensorflow as tf
@@ -926,7 +928,11 @@ def run_import(source: str, workdir: str) -> Imported:
 
 def build_parser():
     parser = cli.parser(__doc__, "models.convert")
-    commands = parser.add_subparsers(dest="command", required=True, help="import (a published checkpoint -> a workdir) or export (a workdir -> transformers)")
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        help="import (a published checkpoint -> a workdir) or export (a workdir -> transformers)",
+    )
     imp = commands.add_parser("import", help="a published checkpoint -> a workdir")
     imp.add_argument(
         "--from",

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 import jax
 import numpy as np
 

@@ -26,6 +26,8 @@ import os
 import subprocess
 import sys
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 from core import cli
 from core.errors import UserError
 

@@ -20,9 +20,9 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
-from core import cli  # noqa: E402
+from core import cli
 
 _GIN_FILE = "configs/runs/demo.gin"
 _NUM_EXAMPLES = 6

@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 from core import cli
 
 

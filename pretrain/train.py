@@ -10,12 +10,11 @@ exit status 0. A problem with the config, data or workdir is one `error:` line, 
 
 from __future__ import annotations
 
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported: its C++ start-up chatter
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
-from core import cli  # noqa: E402
+from core import cli
 
 
 def build_parser():

@@ -193,8 +193,8 @@ class Trainer:
         """The keys the objective reads (the same in every phase); each must be in every
         phase's batches. The loop sends only these to the devices."""
         wanted = tuple(self.objective.batch_spec(1, 8, 1))
-        for config in self.phases.configs:
-            made = set(self.train_dataset(config).element_spec)
+        for index, config in enumerate(self.phases.configs):
+            made = set(self.train_dataset(index).element_spec)
             missing = sorted(set(wanted) - made)
             if missing:
                 raise ConfigError(
@@ -204,19 +204,22 @@ class Trainer:
                 )
         return wanted
 
-    def train_dataset(self, config: pipeline.PipelineConfig) -> tf.data.Dataset:
-        return pipeline.make_dataset(
-            self.settings.data_dir,
-            "train",
-            config,
-            self.local_batch,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-        )
+    def train_dataset(self, phase: int) -> tf.data.Dataset:
+        """The training dataset of a phase (built once: every iterator of it starts fresh)."""
+        if phase not in self._datasets:
+            self._datasets[phase] = pipeline.make_dataset(
+                self.settings.data_dir,
+                "train",
+                self.phases.configs[phase],
+                self.local_batch,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+            )
+        return self._datasets[phase]
 
     def train_iterator(self, step: int) -> tf.data.Iterator:
         """A fresh iterator of the phase that the step after `step` belongs to."""
-        return iter(self.train_dataset(self.phases.config(step)))
+        return iter(self.train_dataset(self.phases.index(step)))
 
     def restore_or_init(self) -> tuple[TrainState, tf.data.Iterator, int | None]:
         """The latest readable checkpoint and its data position, or a fresh state (from
@@ -258,16 +261,18 @@ class Trainer:
         pieces, so that evaluation never needs more activation memory than a training step.
         """
         s = self.settings
-        rows = s.batch_size // s.microbatches
-        ds = pipeline.make_dataset(
-            s.data_dir,
-            "eval",
-            self.phases.config(step),
-            rows // jax.process_count(),
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-            shuffle=False,
-        )
+        phase = self.phases.index(step)
+        if phase not in self._eval_datasets:
+            self._eval_datasets[phase] = pipeline.make_dataset(
+                s.data_dir,
+                "eval",
+                self.phases.configs[phase],
+                s.batch_size // s.microbatches // jax.process_count(),
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+                shuffle=False,
+            )
+        ds = self._eval_datasets[phase]
         totals = None
         with self.partitioner:
             for index, batch in enumerate(ds.take(s.eval_batches * s.microbatches).as_numpy_iterator()):

@@ -69,7 +69,8 @@ def _env() -> dict[str, str]:
     return {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "3",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        # Under pytest, conftest's flags (8 devices, fast compilation); else 8 devices.
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "--xla_force_host_platform_device_count=8"),
         "JAX_PLATFORMS": "cpu",
     }
 

@@ -42,6 +42,8 @@ def _parsers(parser: argparse.ArgumentParser):
 @pytest.mark.parametrize("name", TOOLS)
 def test_help_explains_every_flag(name, capsys):
     module = importlib.import_module(name)
+    # TensorFlow's environment first (quiet start; ruff's isort keeps it before TensorFlow).
+    assert "\nimport core.tf_env" in open(module.__file__).read(), name
     for parser in _parsers(module.build_parser()):
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction):
@@ -75,3 +77,24 @@ def test_python_m_runs_the_module():
     assert result.stderr.strip().splitlines()[-1] == (
         "error: cannot read --gin_file configs/models/nope.gin: No such file or directory"
     )
+
+
+def test_every_error_class_is_a_user_error():
+    """One base class: every exception a module of ours defines is a UserError, which the
+    entry wrapper turns into one `error:` line."""
+    import inspect
+    import pkgutil
+
+    from core.errors import UserError
+
+    found = []
+    for package in ("core", "data", "models", "pretrain", "finetune", "bench"):
+        for info in pkgutil.walk_packages([os.path.join(ROOT, package)], prefix=f"{package}."):
+            if info.name == "bench.peer_hf":  # the peer's own virtualenv only
+                continue
+            module = importlib.import_module(info.name)
+            for name, value in vars(module).items():
+                if inspect.isclass(value) and issubclass(value, Exception) and value.__module__ == info.name:
+                    found.append(f"{info.name}.{name}")
+                    assert issubclass(value, UserError), found[-1]
+    assert len(found) >= 15

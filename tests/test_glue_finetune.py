@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from core import sharding
+from core.errors import ConfigError
 from data import tokenizers
 from finetune import sweep, trainer
 from finetune.model import PretrainedWeightsError
@@ -179,3 +180,21 @@ def test_half_finished_sweep_resumes_without_redoing_runs(tiny, tmp_path):
         assert json.load(f)["run"]["learning_rate"] == 1e-3
     third = sweep.sweep(task, grid, str(tmp_path), train_one)
     assert (third.trained, third.reused) == (0, 4)
+
+
+def test_length_is_checked_against_the_position_table_after_its_offset():
+    """RoBERTa's table has 514 rows of which positions use rows 2..513: 512 tokens fit, 513
+    do not (fine-tuning used to check 514, and then read past the table)."""
+    config = EncoderConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=18,
+        position_offset=2,
+    )
+    partitioner = sharding.Partitioner.create(None)
+    trainer.TaskSteps(config, TASKS["rte"], trainer.OptimizerConfig(), 16, partitioner)
+    with pytest.raises(ConfigError, match="Grid.max_seq_length 17 exceeds .* minus position_offset = 2"):
+        trainer.TaskSteps(config, TASKS["rte"], trainer.OptimizerConfig(), 17, partitioner)

@@ -1,6 +1,6 @@
 """BERT instance creation: chunking, random B, truncation and the [CLS] A [SEP] B [SEP] format.
 
-Every op is checked eagerly and inside tf.data (DESIGN.md style rule 9).
+Every op is checked eagerly and inside tf.data (docs/architecture.md "Style").
 """
 
 import numpy as np

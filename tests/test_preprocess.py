@@ -145,7 +145,10 @@ def _error_lines(result):
 )
 def test_cli_bad_corpus_gives_one_error_line(tmp_path, tokenizer_dir, _cli, make_corpus, message):
     result = _cli(
-        f"--corpus={make_corpus(tmp_path)}", f"--tokenizer={tokenizer_dir}", f"--output={tmp_path / 'o'}"
+        f"--corpus={make_corpus(tmp_path)}",
+        f"--tokenizer={tokenizer_dir}",
+        f"--output={tmp_path / 'o'}",
+        "--num_workers=1",
     )
     assert result.returncode == 2
     assert len(_error_lines(result)) == 1 and message in _error_lines(result)[0], result.stderr[-2000:]
