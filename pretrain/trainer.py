@@ -172,6 +172,8 @@ class Trainer:
         self.phases = Phases(
             s.pipeline_config, s.phase2_start, s.phase2_pipeline_config, s.steps, s.model_config
         )
+        self._datasets: dict[int, tf.data.Dataset] = {}  # per phase, built when first needed
+        self._eval_datasets: dict[int, tf.data.Dataset] = {}
         self.objective = make_objective(s.model_config, s.pipeline_config)
         self.batch_keys = self._check_batch_keys()
         optimizer, schedule = s.optimizer_fn(total_steps=s.steps)
