@@ -72,20 +72,30 @@ def fill_mask_ids(
         "mlm_head": pretrained.params["mlm_head"],
     }
     model = BertPretrainingModel(config, sentence_head=False)
+    # One batch, padded to the longest row and to the most masks of a row: one compilation.
+    length = max(len(ids) for ids in rows)
+    positions = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in rows]
+    predictions = max(len(p) for p in positions)
+    batch = {
+        "input_ids": np.full((len(rows), length), tokenizer.pad_id, np.int32),
+        "input_mask": np.zeros((len(rows), length), np.int32),
+        "segment_ids": np.zeros((len(rows), length), np.int32),
+        "masked_lm_positions": np.zeros((len(rows), predictions), np.int32),
+    }
+    for row, (ids, where) in enumerate(zip(rows, positions)):
+        batch["input_ids"][row, : len(ids)] = ids
+        batch["input_mask"][row, : len(ids)] = 1
+        batch["masked_lm_positions"][row, : len(where)] = where
+    apply = jax.jit(
+        lambda p, b: jax.nn.softmax(model.apply({"params": p}, b, deterministic=True)["mlm_logits"])
+    )
+    probs = np.asarray(apply(params, batch))  # [rows, predictions, V]
     results = []
-    for ids in rows:
-        positions = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
-        batch = {
-            "input_ids": np.asarray([ids], np.int32),
-            "input_mask": np.ones((1, len(ids)), np.int32),
-            "segment_ids": np.zeros((1, len(ids)), np.int32),
-            "masked_lm_positions": np.asarray([positions], np.int32),
-        }
-        logits = model.apply({"params": params}, batch, deterministic=True)["mlm_logits"][0]
-        probs = np.asarray(jax.nn.softmax(logits, axis=-1))
-        best = np.argsort(-probs, axis=-1)[:, :top_k]
+    for row, where in enumerate(positions):
+        found = probs[row, : len(where)]
+        best = np.argsort(-found, axis=-1)[:, :top_k]
         results.append(
-            [[(tokenizer.id_to_token(int(t)), float(p[t])) for t in row] for row, p in zip(best, probs)]
+            [[(tokenizer.id_to_token(int(t)), float(p[t])) for t in ids] for ids, p in zip(best, found)]
         )
     return results
 

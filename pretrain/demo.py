@@ -144,8 +144,10 @@ def _run(args) -> None:
     print(f"[1/4] WordPiece vocabulary on the embedded corpus -> {workdir}/tokenizer")
     tokenizer = _tokenizer(workdir, args.vocab_size)
     print(f"[2/4] preprocessing -> {data_dir}")
+    # One worker (this process): the corpus is small, and worker processes would each
+    # spend longer starting than tokenizing.
     manifest = preprocess.preprocess(
-        "demo", os.path.join(workdir, "tokenizer"), data_dir, num_shards=4, eval_fraction=0.05
+        "demo", os.path.join(workdir, "tokenizer"), data_dir, num_shards=4, eval_fraction=0.05, num_workers=1
     )
     print(f"[3/4] pretraining {_GIN_FILE} -> {run_dir}")
     cli.parse_gin(

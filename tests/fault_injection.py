@@ -13,9 +13,9 @@ separate processes, and checks:
    never taken as latest, the run resumes from the one before, same final hash;
 4. SIGTERM: exit code 0, "stopped at step N" in the log, checkpoint N on disk; resumed,
    same final hash;
-5. a damaged latest checkpoint (array file deleted, array file truncated, iterator
-   state deleted): reported in one line, moved to bad_checkpoints/, the previous one
-   is used, same final hash;
+5. damaged checkpoints (an array file deleted, an array file truncated, the iterator
+   state deleted: the three newest of one run): each reported in one line and moved to
+   bad_checkpoints/, the newest intact one is used, same final hash;
 6. the disk filling up during a save (a file-size limit, RLIMIT_FSIZE): one `error:`
    line naming the last complete checkpoint, which stays restorable.
 
@@ -173,7 +173,7 @@ run.log_every = 1
 run.eval_every = 1000
 run.eval_batches = 1
 run.checkpoint_every = {CHECKPOINT_EVERY}
-run.max_checkpoints = 3
+run.max_checkpoints = 4
 adamw.learning_rate = 1e-3
 adamw.warmup_steps = 2
 """)
@@ -251,30 +251,34 @@ def main(argv: list[str] | None = None) -> int:
         report["sigterm"] = {"stopped_at": stopped, "exit_code": code}
         print(f"SIGTERM: exit 0, checkpoint at step {stopped}, resumed: identical final hash", flush=True)
 
-        # 5. Damaged latest checkpoints: one run killed after step 11, three copies of its
-        # workdir, each damaged another way.
-        report["corruption"] = {}
-        killed = Scenario(base, "killed_at_11", gin_file)
-        code, log = killed.run_until(11, signal.SIGKILL)
+        # 5. Damaged checkpoints: a run killed after step 11 keeps checkpoints 4, 6, 8 and 10;
+        # the three newest are damaged, each another way. The resumed run must report each in
+        # one line, move each to bad_checkpoints/, and fall back through them to step 4.
+        scenario = Scenario(base, "damaged", gin_file)
+        code, log = scenario.run_until(11, signal.SIGKILL)
         _expect(code == -signal.SIGKILL, f"SIGKILL at step 11: exit code {code}\n{log[-2000:]}")
-        for damage in ("delete_array_file", "truncate_array_file", "delete_iterator_state"):
-            scenario = Scenario(base, damage, gin_file)
-            shutil.copytree(killed.workdir, scenario.workdir)
-            steps = scenario.checkpoint_steps()
-            latest = steps[-1]
-            _damage(scenario.workdir, latest, damage)
-            finished = same_end(scenario, damage)
-            warning = [l for l in finished["log"].splitlines() if f"checkpoint step {latest} is damaged" in l]
-            _expect(len(warning) == 1, f"{damage}: no one-line report:\n{finished['log'][-2000:]}")
-            moved = os.path.join(scenario.workdir, "bad_checkpoints", str(latest))
-            _expect(os.path.isdir(moved), f"{damage}: damaged step not kept in bad_checkpoints/")
-            previous = steps[-2]
-            _expect(f"resumed from step {previous}" in finished["log"], f"{damage}: did not fall back")
-            report["corruption"][damage] = {"damaged": latest, "resumed_from": previous}
-            print(
-                f"{damage} in step {latest}: reported, moved aside, resumed from {previous}: "
-                "identical final hash"
+        steps = scenario.checkpoint_steps()
+        _expect(len(steps) == 4, f"damaged: expected 4 checkpoints, found {steps}")
+        damages = dict(
+            zip(reversed(steps), ("delete_array_file", "truncate_array_file", "delete_iterator_state"))
+        )
+        for step, damage in damages.items():
+            _damage(scenario.workdir, step, damage)
+        finished = same_end(scenario, "three damaged checkpoints")
+        for step, damage in damages.items():
+            warning = [l for l in finished["log"].splitlines() if f"checkpoint step {step} is damaged" in l]
+            _expect(
+                len(warning) == 1, f"{damage} in step {step}: no one-line report:\n{finished['log'][-2000:]}"
             )
+            moved = os.path.join(scenario.workdir, "bad_checkpoints", str(step))
+            _expect(os.path.isdir(moved), f"{damage}: damaged step {step} not kept in bad_checkpoints/")
+        _expect(f"resumed from step {steps[0]}" in finished["log"], "damaged: did not fall back")
+        report["corruption"] = {"damaged": damages, "resumed_from": steps[0]}
+        print(
+            "damaged checkpoints "
+            + ", ".join(f"{step} ({damage})" for step, damage in damages.items())
+            + f": each reported and moved aside, resumed from {steps[0]}: identical final hash"
+        )
 
         # 6. The disk fills up during a save (resuming the run stopped by SIGTERM above).
         scenario = disk_full

@@ -376,6 +376,7 @@ def _train(mesh_spec, batches, config):
     return state, losses
 
 
+@pytest.mark.slow(15)
 def test_albert_with_lamb_trains_the_same_on_a_mesh():
     """All-shared, factorized ALBERT with LAMB: data x fsdp x tensor gives the one-device result."""
     config = dataclasses.replace(TINY, sharing="all")

@@ -11,13 +11,15 @@ import sys
 import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 
-from bench import report
+from bench import input_pipeline, report
 from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import resize_vocab_rows
 from pretrain.objectives import MaskedLM
 from pretrain.objectives.masked_lm import mlm_loss_and_metrics
+from tests import cli_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,6 +64,7 @@ def test_pretrain_benchmark_prints_its_result(tmp_path):
     assert any("fusion" in row["op"] or "dot" in row["op"] for row in profile[:3])
 
 
+@pytest.mark.slow(20)
 def test_pretrain_benchmark_turns_each_optimisation_off():
     result = _json_line(
         "bench.pretrain",
@@ -107,6 +110,7 @@ def _tiny_model_and_batch(vocab_pad_multiple=1):
     return _objective(config), batch
 
 
+@pytest.mark.slow(20)
 def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_positions():
     objective, batch = _tiny_model_and_batch()
     model = objective.module
@@ -134,6 +138,7 @@ def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_posi
     )
 
 
+@pytest.mark.slow(25)
 def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
     """vocab_pad_multiple=128: 384 table rows for 300 entries; with the unpadded model's
     parameters (padding rows zero) logits and loss are identical and the gradient of the
@@ -164,24 +169,30 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
     )
 
 
-def test_input_pipeline_benchmark_prints_its_result():
-    result = _json_line("bench.input_pipeline", "--batch=8", "--seq=32", "--batches=5")
+def _input_pipeline(capsys, *args):
+    """bench.input_pipeline in this process (it needs no particular device count)."""
+    run = cli_run.run(input_pipeline.main, args, capsys)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_input_pipeline_benchmark_prints_its_result(capsys):
+    result = _input_pipeline(capsys, "--batch=8", "--seq=32", "--batches=5")
     assert result["examples_per_second"] > 0 and result["tokens_per_second"] > result["examples_per_second"]
     assert 0 < result["fill"] <= 1 and "examples_per_row" not in result
 
 
-def test_input_pipeline_benchmark_measures_packing():
+def test_input_pipeline_benchmark_measures_packing(capsys):
     """DOC-SENTENCES at length 64 over documents of short sentences: document ends leave
     short examples, which packing puts together, so rows are fuller than one per row."""
-    result = _json_line(
-        "bench.input_pipeline", "--batch=8", "--seq=64", "--batches=5", "--format=doc_sentences"
-    )
+    result = _input_pipeline(capsys, "--batch=8", "--seq=64", "--batches=5", "--format=doc_sentences")
     assert result["format"] == "doc_sentences"
     assert result["examples_per_row"] > 1
     assert 0 < result["unpacked_fill"] < result["fill"] <= 1
     assert abs(result["unpacked_fill"] * result["examples_per_row"] - result["fill"]) < 1e-3
 
 
+@pytest.mark.slow(15)
 def test_packed_rows_give_each_example_its_unpacked_mlm_loss():
     """Two examples packed into one row (example_ids, restarting positions) have the same
     masked-position logits and per-example MLM loss as each example alone in its row."""

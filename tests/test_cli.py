@@ -98,3 +98,117 @@ def test_every_error_class_is_a_user_error():
                     found.append(f"{info.name}.{name}")
                     assert issubclass(value, UserError), found[-1]
     assert len(found) >= 15
+
+
+# --- one-step smoke runs of the tools whose own tests are long (`make test-fast` keeps these) ---
+
+
+def test_demo_smoke(tmp_path, capsys, monkeypatch):
+    from pretrain import demo
+    from tests import cli_run
+
+    monkeypatch.chdir(ROOT)
+    args = [f"--workdir={tmp_path}", "--vocab_size=500", "--gin_bindings=run.steps=1"]
+    args += ["--gin_bindings=run.eval_batches=1", "--gin_bindings=run.log_every=1"]
+    result = cli_run.run(demo.main, args, capsys)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[4/4] report" in result.stdout and "fill-mask" in (tmp_path / "report.txt").read_text()
+
+
+def test_ablate_smoke(tmp_path, capsys, monkeypatch):
+    """One arm, one step (the arm trains in its own process, as always)."""
+    from data import synthetic
+    from pretrain import ablate
+    from tests import cli_run
+
+    monkeypatch.chdir(ROOT)
+    data_dir = synthetic.write_shards(
+        str(tmp_path / "shards"),
+        synthetic.make_documents(20, seed=1, max_len=6),
+        synthetic.make_documents(4, seed=2, max_len=6, first_id=150),
+    )
+    base = tmp_path / "base.gin"
+    base.write_text(
+        "include 'configs/runs/demo.gin'\nEncoderConfig.num_layers = 1\nPipelineConfig.max_seq_length = 16\n"
+        "run.batch_size = 8\nrun.eval_batches = 1\nPipelineConfig.document_shuffle_buffer = 4\n"
+        "PipelineConfig.instance_shuffle_buffer = 4\nrun.eval_at_start = False\n"
+    )
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / "only.gin").write_text("PipelineConfig.sentence_objective = 'none'\n")
+    args = [
+        str(grid),
+        f"--workdir={tmp_path / 'w'}",
+        f"--data_dir={data_dir}",
+        f"--gin_file={base}",
+        "--steps=1",
+    ]
+    result = cli_run.run(ablate.main, args, capsys)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| only |" in (tmp_path / "w" / "results.md").read_text()
+
+
+def test_glue_smoke(tmp_path, capsys, monkeypatch):
+    """One task (RTE), one run of one epoch, from a random tiny model."""
+    import flax.linen as nn
+    import jax
+
+    from data import tokenizers
+    from finetune import glue
+    from models import pretrained
+    from models.encoder import EncoderConfig
+    from models.pretraining import BertPretrainingModel, example_batch
+    from tests import cli_run
+    from tests.glue_folders import write_glue_dir
+
+    monkeypatch.chdir(ROOT)
+    write_glue_dir(str(tmp_path / "glue"), rows=9)
+    tokenizer = tokenizers.train_wordpiece([["he said hello and left", "plain words here"]] * 3, 100)
+    config = EncoderConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32
+    )
+    params = BertPretrainingModel(config).init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)
+    pretrained.save_pretrained(str(tmp_path / "model"), config, nn.meta.unbox(params["params"]), tokenizer)
+    args = [f"--init_checkpoint={tmp_path / 'model'}", "--tasks=rte", f"--glue_dir={tmp_path / 'glue'}"]
+    args += [f"--workdir={tmp_path / 'out'}", "--gin_bindings=Grid.learning_rates = (1e-3,)"]
+    args += ["--gin_bindings=Grid.seeds = (0,)", "--gin_bindings=Grid.num_epochs = (1,)"]
+    args += ["--gin_bindings=Grid.batch_sizes = (8,)", "--gin_bindings=Grid.max_seq_length = 32"]
+    result = cli_run.run(glue.main, args, capsys)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "out" / "RTE.tsv").exists() and "GLUE score" in result.stdout
+
+
+def test_demo_task_smoke(tmp_path, capsys):
+    from finetune import demo_task
+    from tests import cli_run
+
+    args = [f"--output={tmp_path}", "--train=20", "--dev=10", "--test=10"]
+    result = cli_run.run(demo_task.main, args, capsys)
+    assert result.returncode == 0, result.stderr
+    assert len((tmp_path / "WordOrder" / "train.tsv").read_text().splitlines()) == 21
+
+
+def test_memory_smoke(capsys):
+    """The step compiled for a mesh, nothing allocated (8 fake devices here)."""
+    import json
+
+    from bench import memory
+    from tests import cli_run
+
+    args = ["--gin_file=configs/models/bert_tiny.gin", "--gin_bindings=EncoderConfig.vocab_size=512"]
+    args += ["--mesh=fsdp:8", "--batch=8", "--seq=16", "--predictions=2"]
+    result = cli_run.run(memory.main, [*args], capsys)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1} and out["state_bytes_per_device"] > 0
+
+
+def test_compare_needs_the_peer_venv(capsys):
+    from bench import compare
+    from tests import cli_run
+
+    result = cli_run.run(compare.main, ["--peer_python=/nonexistent/python"], capsys)
+    assert result.returncode == 2
+    assert result.errors() == [
+        "error: no peer virtualenv at /nonexistent/python: run `make bench-peer-venv` first"
+    ]

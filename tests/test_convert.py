@@ -771,6 +771,7 @@ def _shards_for(tokenizer_dir: str, directory) -> str:
     return output
 
 
+@pytest.mark.slow(90)
 def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     """run.init_from: an imported model's parameters start the run (lr 0 keeps them exactly);
     heads the HF model lacks (a BertModel has neither MLM nor NSP head) start from init;

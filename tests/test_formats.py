@@ -170,6 +170,7 @@ def test_packing_layout_positions_restart_and_example_ids():
     assert second["doc_id"] == 2
 
 
+@pytest.mark.slow(30)
 def test_packed_examples_do_not_attend_to_each_other():
     rows = _pack([[10, 11, 12], [20, 21], [30] * 10], length=12)
     row = rows[0]

@@ -52,6 +52,7 @@ def _run(monkeypatch, capsys):
     return lambda *args: cli_run.run(glue.main, args, capsys)
 
 
+@pytest.mark.slow(25)
 def test_all_tasks_give_results_and_a_full_submission(setup, _run):
     root, glue_dir = setup
     out = root / "out"

@@ -76,6 +76,7 @@ def _steps(config, task, mesh_spec=None):
     )
 
 
+@pytest.mark.slow(20)
 def test_tiny_random_model_learns_a_pair_task(tiny):
     tokenizer, config, params = tiny
     task = TASKS["rte"]
@@ -95,6 +96,7 @@ def test_tiny_random_model_learns_a_pair_task(tiny):
     assert result.test_logits["test"].shape == (256, 2)
 
 
+@pytest.mark.slow(15)
 def test_regression_head_learns_scores(tiny):
     tokenizer, config, params = tiny
     task = TASKS["stsb"]
@@ -150,6 +152,7 @@ def test_sweep_chooses_by_median_over_seeds(tmp_path):
     assert [c["name"] for c in result.configurations] == ["lr1e-05_bs32_ep3", "lr2e-05_bs32_ep3"]
 
 
+@pytest.mark.slow(15)
 def test_half_finished_sweep_resumes_without_redoing_runs(tiny, tmp_path):
     tokenizer, config, params = tiny
     task = TASKS["rte"]

@@ -71,6 +71,7 @@ def recipe_data(request, corpus, tmp_path_factory):
     return name, str(root / "shards"), root
 
 
+@pytest.mark.slow(30)
 def test_recipe_trains_with_its_tokenizer(recipe_data):
     name, data_dir, root = recipe_data
     model_file = RECIPES[name][0]

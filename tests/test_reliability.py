@@ -7,32 +7,45 @@ import logging
 import os
 import signal
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from core import checkpointing, preemption
+from data import pipeline
 from models.encoder import EncoderConfig
-from pretrain import step
 from pretrain.monitor import DivergedError
 from tests.test_train import TINY, _run, data_dir  # noqa: F401  (data_dir is a fixture)
 
 
 @pytest.fixture
 def poisoned_steps(monkeypatch):
-    """Makes the loss (and so the gradients) NaN at the given 1-based steps."""
+    """Makes the loss (and so the gradients) NaN at the given 1-based steps of a fresh run,
+    through the data: the training batches of those steps carry NaN prediction weights.
+    (The step itself is untouched, so it compiles to what every other run here compiles.)"""
     bad_steps = []
-    original = step.train_step
+    original = pipeline.make_dataset
 
-    def poisoned(state, batch, rng, **kwargs):
-        bad = jnp.isin(state.step + 1, jnp.asarray(bad_steps or [-1]))
-        weights = jnp.where(bad, jnp.nan, batch["masked_lm_weights"])
-        return original(state, {**batch, "masked_lm_weights": weights}, rng, **kwargs)
+    def poisoned(directory, split, *args, **kwargs):
+        ds = original(directory, split, *args, **kwargs)
+        if split != "train":
+            return ds
+        bad = tf.constant(bad_steps or [-1], tf.int64)
 
-    monkeypatch.setattr(step, "train_step", poisoned)
+        def poison(index, batch):
+            nan = tf.reduce_any(tf.equal(index + 1, bad))
+            weights = batch["masked_lm_weights"]
+            return dict(
+                batch, masked_lm_weights=tf.where(nan, tf.fill(tf.shape(weights), float("nan")), weights)
+            )
+
+        return ds.enumerate().map(poison)
+
+    monkeypatch.setattr(pipeline, "make_dataset", poisoned)
     return bad_steps
 
 
+@pytest.mark.slow(15)
 def test_non_finite_loss_stops_and_never_saves_it(tmp_path, data_dir, poisoned_steps):  # noqa: F811
     poisoned_steps.extend([7])
     with pytest.raises(DivergedError) as error:
@@ -45,6 +58,7 @@ def test_non_finite_loss_stops_and_never_saves_it(tmp_path, data_dir, poisoned_s
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["5"]
 
 
+@pytest.mark.slow(15)
 def test_skip_policy_skips_and_logs_each_step(tmp_path, data_dir, poisoned_steps, caplog):  # noqa: F811
     poisoned_steps.extend([3, 8])
     with caplog.at_level(logging.WARNING, logger="pretrain.monitor"):
@@ -54,12 +68,14 @@ def test_skip_policy_skips_and_logs_each_step(tmp_path, data_dir, poisoned_steps
     assert summary["skipped_steps"] == 2 and np.isfinite(summary["loss"])
 
 
+@pytest.mark.slow(15)
 def test_skip_budget_exhausted_stops(tmp_path, data_dir, poisoned_steps):  # noqa: F811
     poisoned_steps.extend([3, 6])
     with pytest.raises(DivergedError, match=r"at step 6 after 1 skipped steps \(run.max_skipped_steps = 1\)"):
         _run(tmp_path, data_dir, steps=10, max_skipped_steps=1)
 
 
+@pytest.mark.slow(15)
 def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, data_dir):  # noqa: F811
     _run(tmp_path, data_dir, steps=5)
     wider = EncoderConfig(**{**TINY.__dict__, "intermediate_size": 48})

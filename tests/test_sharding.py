@@ -84,6 +84,7 @@ def reference():
 MESHES = ["data:8", "data:2,fsdp:4", "data:2,fsdp:2,tensor:2", "fsdp:8", "tensor:8"]
 
 
+@pytest.mark.slow(20)
 @pytest.mark.parametrize("spec", MESHES)
 def test_every_mesh_equals_single_device(reference, spec):
     batches, params, losses = reference
@@ -108,6 +109,7 @@ def test_every_mesh_equals_single_device(reference, spec):
     assert shard_shape == (32 // mesh.shape["fsdp"], 64 // mesh.shape["tensor"])
 
 
+@pytest.mark.slow(15)
 def test_gradient_accumulation_equals_full_batch(reference):
     batches, params, losses = reference
     state, acc_losses = _train(sharding.make_mesh("data:4,fsdp:2"), batches, microbatches=4)
@@ -119,6 +121,7 @@ def test_gradient_accumulation_equals_full_batch(reference):
     )
 
 
+@pytest.mark.slow(15)
 @pytest.mark.parametrize("policy", ["full", "dots_saveable"])
 def test_remat_changes_memory_not_results(reference, policy):
     batches, params, losses = reference

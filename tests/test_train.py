@@ -52,6 +52,7 @@ def _run(workdir, data_dir, steps, **kwargs):
     return trainer.run(str(workdir), **args)
 
 
+@pytest.mark.slow(25)
 def test_loss_falls_and_outputs_are_written(tmp_path, data_dir):
     summary = _run(tmp_path, data_dir, steps=30, eval_at_start=True)
     assert summary["step"] == 30
@@ -82,6 +83,7 @@ def test_loss_falls_and_outputs_are_written(tmp_path, data_dir):
     assert step == 30 and params_sha256(params) == summary["params_sha256"]
 
 
+@pytest.mark.slow(45)
 def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):
     schedule_of_12 = lambda total_steps: optim.adamw(12, learning_rate=1e-3, warmup_steps=2)
     full = _run(tmp_path / "full", data_dir, steps=12, optimizer_fn=schedule_of_12)

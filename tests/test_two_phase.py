@@ -39,11 +39,13 @@ def uninterrupted(tmp_path_factory, data_dir):  # noqa: F811
     return _two_phase(tmp_path_factory.mktemp("full"), data_dir)["params_sha256"]
 
 
+@pytest.mark.slow(25)
 def test_switches_length_and_predictions(tmp_path, data_dir, traced_shapes):  # noqa: F811
     _two_phase(tmp_path, data_dir)
     assert traced_shapes == [((16, 32), (16, 5)), ((16, 64), (16, 10))]
 
 
+@pytest.mark.slow(25)
 @pytest.mark.parametrize("stop_at", [4, 6, 9])  # in phase 1, at the switch, in phase 2
 def test_resume_in_either_phase_equals_uninterrupted(tmp_path, data_dir, uninterrupted, monkeypatch, stop_at):  # noqa: F811
     def sigterm_at(watcher, step):  # what a SIGTERM during step `stop_at` does
