@@ -254,14 +254,24 @@ class Checkpointer:
         return target
 
     def _delete_stale_iterators(self) -> None:
+        """Deletes the iterator states of steps whose orbax checkpoint is gone from disk.
+
+        Only the disk counts: orbax stops listing the oldest step as soon as a newer save
+        starts, but deletes its files only once that save is finalised; a process killed in
+        between keeps the old step, which must stay restorable (with its iterator state).
+        A step being saved asynchronously has no checkpoint folder yet: anything newer than
+        the latest finalised step is kept.
+        """
         if jax.process_index() != 0 or not tf.io.gfile.isdir(self._iterators_dir):
             return
-        keep = {str(s) for s in self.manager.all_steps()}
-        # A step being saved asynchronously is not listed yet: keep anything newer than the latest.
         latest = self.manager.latest_step() or -1
         for name in tf.io.gfile.listdir(self._iterators_dir):
             name = name.rstrip("/")
-            if name not in keep and name.isdigit() and int(name) < latest:
+            if (
+                name.isdigit()
+                and int(name) < latest
+                and not tf.io.gfile.exists(os.path.join(self.directory, name))
+            ):
                 tf.io.gfile.rmtree(os.path.join(self._iterators_dir, name))
 
     def close(self) -> None:

@@ -172,8 +172,11 @@ class Trainer:
         self.phases = Phases(
             s.pipeline_config, s.phase2_start, s.phase2_pipeline_config, s.steps, s.model_config
         )
-        self._datasets: dict[int, tf.data.Dataset] = {}  # per phase, built when first needed
-        self._eval_datasets: dict[int, tf.data.Dataset] = {}
+        # The dataset built to check the batch keys, kept for the phase's first iterator. Every
+        # other iterator gets a dataset of its own: a second iterator of the same tf.data
+        # Dataset is shuffled differently (reshuffle_each_iteration), and the stream must be a
+        # function of the config alone for resume to be exact.
+        self._unused_datasets: dict[int, tf.data.Dataset] = {}
         self.objective = make_objective(s.model_config, s.pipeline_config)
         self.batch_keys = self._check_batch_keys()
         optimizer, schedule = s.optimizer_fn(total_steps=s.steps)
@@ -196,7 +199,8 @@ class Trainer:
         phase's batches. The loop sends only these to the devices."""
         wanted = tuple(self.objective.batch_spec(1, 8, 1))
         for index, config in enumerate(self.phases.configs):
-            made = set(self.train_dataset(index).element_spec)
+            self._unused_datasets[index] = self.train_dataset(index)
+            made = set(self._unused_datasets[index].element_spec)
             missing = sorted(set(wanted) - made)
             if missing:
                 raise ConfigError(
@@ -207,21 +211,21 @@ class Trainer:
         return wanted
 
     def train_dataset(self, phase: int) -> tf.data.Dataset:
-        """The training dataset of a phase (built once: every iterator of it starts fresh)."""
-        if phase not in self._datasets:
-            self._datasets[phase] = pipeline.make_dataset(
-                self.settings.data_dir,
-                "train",
-                self.phases.configs[phase],
-                self.local_batch,
-                process_index=jax.process_index(),
-                process_count=jax.process_count(),
-            )
-        return self._datasets[phase]
+        """A new training dataset of a phase (this host's rows of each global batch)."""
+        return pipeline.make_dataset(
+            self.settings.data_dir,
+            "train",
+            self.phases.configs[phase],
+            self.local_batch,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
 
     def train_iterator(self, step: int) -> tf.data.Iterator:
         """A fresh iterator of the phase that the step after `step` belongs to."""
-        return iter(self.train_dataset(self.phases.index(step)))
+        phase = self.phases.index(step)
+        dataset = self._unused_datasets.pop(phase, None)
+        return iter(dataset if dataset is not None else self.train_dataset(phase))
 
     def restore_or_init(self) -> tuple[TrainState, tf.data.Iterator, int | None]:
         """The latest readable checkpoint and its data position, or a fresh state (from
@@ -263,18 +267,16 @@ class Trainer:
         pieces, so that evaluation never needs more activation memory than a training step.
         """
         s = self.settings
-        phase = self.phases.index(step)
-        if phase not in self._eval_datasets:
-            self._eval_datasets[phase] = pipeline.make_dataset(
-                s.data_dir,
-                "eval",
-                self.phases.configs[phase],
-                s.batch_size // s.microbatches // jax.process_count(),
-                process_index=jax.process_index(),
-                process_count=jax.process_count(),
-                shuffle=False,
-            )
-        ds = self._eval_datasets[phase]
+        # A new dataset each time, for the same reason as train_iterator's: the same rows.
+        ds = pipeline.make_dataset(
+            s.data_dir,
+            "eval",
+            self.phases.config(step),
+            s.batch_size // s.microbatches // jax.process_count(),
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            shuffle=False,
+        )
         totals = None
         with self.partitioner:
             for index, batch in enumerate(ds.take(s.eval_batches * s.microbatches).as_numpy_iterator()):

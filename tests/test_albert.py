@@ -22,6 +22,7 @@ from models.encoder import Encoder, EncoderConfig
 from models.pretraining import BertPretrainingModel, abstract_params
 from pretrain import step, trainer  # noqa: F401  (trainer registers run for the recipe tests)
 from pretrain.objectives import MaskedLM
+from tests import jitted
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -62,7 +63,7 @@ def make_batch(seed=0):
 def init_params(config):
     model = BertPretrainingModel(config)
     return nn.unbox(
-        jax.jit(lambda rng: model.init(rng, make_batch(), deterministic=True))(jax.random.key(0))
+        jax.jit(lambda rng: jitted.init(model, rng, make_batch(), deterministic=True))(jax.random.key(0))
     )["params"]
 
 
@@ -113,7 +114,7 @@ def _loss_and_grad(config):
     batch = make_batch()
 
     def loss(params):
-        out = model.apply({"params": params}, batch, deterministic=True)
+        out = jitted.apply(model, {"params": params}, batch, deterministic=True)
         return (out["mlm_logits"] ** 2).mean() + out["sentence_logits"].sum()
 
     return jax.jit(jax.value_and_grad(loss))
@@ -245,7 +246,8 @@ def test_projection_follows_the_embedding_layer_norm(unshared):
     """Layer 0 reads LayerNorm(embeddings) @ kernel + bias, as ALBERT's embedding_hidden_mapping_in."""
     batch = make_batch()
     config = dataclasses.replace(TINY, sharing="none")
-    _, state = Encoder(config).apply(
+    _, state = jitted.apply(
+        Encoder(config),
         {"params": unshared["encoder"]},
         batch["input_ids"],
         batch["input_mask"],
@@ -276,7 +278,8 @@ def test_mlm_decoder_is_tied_to_the_factorized_table(unshared):
     """H -> E transform, LayerNorm over E, then logits = x @ table[V, E].T + bias."""
     batch = make_batch()
     config = dataclasses.replace(TINY, sharing="none")
-    encoded = Encoder(config).apply(
+    encoded = jitted.apply(
+        Encoder(config),
         {"params": unshared["encoder"]},
         batch["input_ids"],
         batch["input_mask"],
@@ -291,7 +294,9 @@ def test_mlm_decoder_is_tied_to_the_factorized_table(unshared):
     )
     x = _layer_norm(x, head["transform_layer_norm"], config.layer_norm_eps)
     expected = x @ table.T + head["output_bias"]
-    logits = BertPretrainingModel(config).apply({"params": unshared}, batch, deterministic=True)["mlm_logits"]
+    logits = jitted.apply(BertPretrainingModel(config), {"params": unshared}, batch, deterministic=True)[
+        "mlm_logits"
+    ]
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -323,8 +328,8 @@ def test_flops_formula_matches_the_traced_matmuls(unshared, sharing, embedding_s
     model = BertPretrainingModel(config, sentence_head=False)
     batch = {k: v for k, v in make_batch().items()}
     batch["input_mask"] = np.ones_like(batch["input_mask"])
-    params = jax.eval_shape(lambda rng: model.init(rng, batch, deterministic=True), jax.random.key(0))
-    jaxpr = jax.make_jaxpr(lambda v: model.apply(v, batch, deterministic=True))(params).jaxpr
+    params = jax.eval_shape(lambda rng: jitted.init(model, rng, batch, deterministic=True), jax.random.key(0))
+    jaxpr = jax.make_jaxpr(lambda v: jitted.apply(model, v, batch, deterministic=True))(params).jaxpr
     pooler = 2 * config.hidden_size**2
     traced = 3 * (_matmul_flops(jaxpr) / B - pooler)
     assert traced == pytest.approx(_flops(config), rel=1e-9)
@@ -333,7 +338,7 @@ def test_flops_formula_matches_the_traced_matmuls(unshared, sharing, embedding_s
 def test_bf16_forward_with_factorized_embedding(unshared):
     """Compute dtype flows through the projection and the E-sized MLM head."""
     config = dataclasses.replace(TINY, sharing="none", dtype="bfloat16")
-    out = BertPretrainingModel(config).apply({"params": unshared}, make_batch(), deterministic=True)
+    out = jitted.apply(BertPretrainingModel(config), {"params": unshared}, make_batch(), deterministic=True)
     assert out["mlm_logits"].dtype == jnp.float32
     assert out["mlm_logits"].shape == (B, P, TINY.vocab_size)
     assert bool(jnp.isfinite(out["mlm_logits"]).all())

@@ -19,7 +19,7 @@ from models.encoder import EncoderConfig
 from models.pretraining import resize_vocab_rows
 from pretrain.objectives import MaskedLM
 from pretrain.objectives.masked_lm import mlm_loss_and_metrics
-from tests import cli_run
+from tests import cli_run, jitted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -116,12 +116,13 @@ def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_posi
     model = objective.module
     full = report.all_positions_batch(batch)
     assert full["masked_lm_positions"].shape == (4, 24) and full["masked_lm_weights"].sum() == 15
-    params = nn.meta.unbox(model.init(jax.random.key(0), batch, deterministic=True))
+    params = nn.meta.unbox(jitted.init(model, jax.random.key(0), batch, deterministic=True))
     rng = {"dropout": jax.random.key(1)}
-    masked_out = model.apply(params, batch, deterministic=False, rngs=rng)
-    full_out = model.apply(params, full, deterministic=False, rngs=rng)
+    masked_out = jitted.apply(model, params, batch, deterministic=False, rngs=rng)
+    full_out = jitted.apply(model, params, full, deterministic=False, rngs=rng)
     assert full_out["mlm_logits"].shape == (4, 24, 300)
 
+    @jax.jit
     def loss_and_sums(batch):
         return objective.loss(params["params"], batch, rng, objective.normalizers(batch), train=True)
 
@@ -146,9 +147,9 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
     objective, batch = _tiny_model_and_batch()
     padded_objective, _ = _tiny_model_and_batch(vocab_pad_multiple=128)
     model, padded_model = objective.module, padded_objective.module
-    params = nn.meta.unbox(model.init(jax.random.key(0), batch, deterministic=True))["params"]
+    params = nn.meta.unbox(jitted.init(model, jax.random.key(0), batch, deterministic=True))["params"]
     padded = resize_vocab_rows(jax.device_get(params), 384)
-    shapes = jax.eval_shape(lambda: padded_model.init(jax.random.key(0), batch, deterministic=True))
+    shapes = jax.eval_shape(lambda: jitted.init(padded_model, jax.random.key(0), batch, deterministic=True))
     assert nn.meta.unbox(shapes)["params"]["mlm_head"]["output_bias"].shape == (384,)
     assert padded["encoder"]["embeddings"]["word_embeddings"]["embedding"].shape == (384, 32)
 
@@ -156,11 +157,11 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
         return objective.loss(params, batch, {}, objective.normalizers(batch), train=False)[0]
 
     np.testing.assert_allclose(
-        np.asarray(padded_model.apply({"params": padded}, batch, deterministic=True)["mlm_logits"]),
-        np.asarray(model.apply({"params": params}, batch, deterministic=True)["mlm_logits"]),
+        np.asarray(jitted.apply(padded_model, {"params": padded}, batch, deterministic=True)["mlm_logits"]),
+        np.asarray(jitted.apply(model, {"params": params}, batch, deterministic=True)["mlm_logits"]),
         atol=1e-6,
     )
-    grads = jax.grad(lambda p: loss(padded_objective, p))(padded)
+    grads = jax.jit(jax.grad(lambda p: loss(padded_objective, p)))(padded)
     assert not np.any(np.asarray(grads["encoder"]["embeddings"]["word_embeddings"]["embedding"])[300:])
     assert not np.any(np.asarray(grads["mlm_head"]["output_bias"])[300:])
     assert np.any(np.asarray(grads["mlm_head"]["output_bias"])[:300])
@@ -225,11 +226,11 @@ def test_packed_rows_give_each_example_its_unpacked_mlm_loss():
     packed["masked_lm_ids"] = packed["input_ids"][:, where]
     packed["masked_lm_weights"] = np.ones((1, len(where)), np.float32)
 
-    params = nn.meta.unbox(model.init(jax.random.key(0), packed, deterministic=True))
-    packed_logits = np.asarray(model.apply(params, packed, deterministic=True)["mlm_logits"])[0]
+    params = nn.meta.unbox(jitted.init(model, jax.random.key(0), packed, deterministic=True))
+    packed_logits = np.asarray(jitted.apply(model, params, packed, deterministic=True)["mlm_logits"])[0]
     for k, tokens in enumerate(examples):
         alone = one(tokens, masked[k])
-        logits = model.apply(params, alone, deterministic=True)["mlm_logits"]
+        logits = jitted.apply(model, params, alone, deterministic=True)["mlm_logits"]
         np.testing.assert_allclose(packed_logits[3 * k : 3 * k + 3], np.asarray(logits)[0], atol=2e-5)
         piece = {key: packed[key][:, 3 * k : 3 * k + 3] for key in ("masked_lm_ids", "masked_lm_weights")}
         loss_packed = mlm_loss_and_metrics(

@@ -158,7 +158,7 @@ def test_glue_smoke(tmp_path, capsys, monkeypatch):
     from models import pretrained
     from models.encoder import EncoderConfig
     from models.pretraining import BertPretrainingModel, example_batch
-    from tests import cli_run
+    from tests import cli_run, jitted
     from tests.glue_folders import write_glue_dir
 
     monkeypatch.chdir(ROOT)
@@ -167,7 +167,9 @@ def test_glue_smoke(tmp_path, capsys, monkeypatch):
     config = EncoderConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32
     )
-    params = BertPretrainingModel(config).init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)
+    params = jitted.init(
+        BertPretrainingModel(config), jax.random.key(0), example_batch(1, 8, 2), deterministic=True
+    )
     pretrained.save_pretrained(str(tmp_path / "model"), config, nn.meta.unbox(params["params"]), tokenizer)
     args = [f"--init_checkpoint={tmp_path / 'model'}", "--tasks=rte", f"--glue_dir={tmp_path / 'glue'}"]
     args += [f"--workdir={tmp_path / 'out'}", "--gin_bindings=Grid.learning_rates = (1e-3,)"]

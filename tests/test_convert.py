@@ -26,6 +26,7 @@ from data import tokenizers
 from models import convert, encode, predict
 from models import pretrained as workdir_lib
 from models.pretraining import BertPretrainingModel
+from tests import jitted
 
 transformers.utils.logging.disable_progress_bar()  # keeps stderr to the CLI's own lines
 TOLERANCE = 1e-4  # max abs diff in float32 (issue 5); measured values are printed with -s
@@ -108,7 +109,8 @@ def _our_outputs(pretrained: workdir_lib.Pretrained, inputs: dict[str, np.ndarra
         sentence = "sentence_head" in params
         model = BertPretrainingModel(pretrained.config, sentence_head=sentence)
         length = batch["input_ids"].shape[1]
-        logits = model.apply(
+        logits = jitted.apply(
+            model,
             {"params": {**params, "encoder": encode.encoder_params(pretrained.config, params)}},
             {
                 "input_ids": batch["input_ids"],

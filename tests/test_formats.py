@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from data import instances, pair_layout, pipeline, shards, synthetic
 from models.encoder import Encoder, EncoderConfig
+from tests import jitted
 
 CLS, SEP, PAD = synthetic.SPECIAL["cls"], synthetic.SPECIAL["sep"], synthetic.SPECIAL["pad"]
 L = 40
@@ -191,8 +192,8 @@ def test_packed_examples_do_not_attend_to_each_other():
         positions=row["positions"][None],
         example_ids=row["example_ids"][None],
     )
-    params = encoder.init(jax.random.key(0), **batch, deterministic=True)
-    packed = encoder.apply(params, **batch, deterministic=True).sequence_output[0]
+    params = jitted.init(encoder, jax.random.key(0), **batch, deterministic=True)
+    packed = jitted.apply(encoder, params, **batch, deterministic=True).sequence_output[0]
     for k in (1, 2):
         span = np.flatnonzero(row["example_ids"] == k)
         alone = {
@@ -200,10 +201,12 @@ def test_packed_examples_do_not_attend_to_each_other():
             "input_mask": jnp.ones((1, len(span)), jnp.int32),
             "segment_ids": jnp.zeros((1, len(span)), jnp.int32),
         }
-        separate = encoder.apply(params, **alone, deterministic=True).sequence_output[0]
+        separate = jitted.apply(encoder, params, **alone, deterministic=True).sequence_output[0]
         np.testing.assert_allclose(packed[span], separate, atol=1e-5)
     # The check can fail: without example_ids the first example sees the second.
-    mixed = encoder.apply(params, **{**batch, "example_ids": None}, deterministic=True).sequence_output[0]
+    mixed = jitted.apply(
+        encoder, params, **{**batch, "example_ids": None}, deterministic=True
+    ).sequence_output[0]
     first = row["example_ids"] == 1
     assert not np.allclose(mixed[first], packed[first], atol=1e-3)
 

@@ -16,7 +16,7 @@ from finetune.tasks import TASKS, parse_tasks, read_glue_dir
 from models import pretrained
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel, example_batch
-from tests import cli_run
+from tests import cli_run, jitted
 from tests.glue_folders import write_glue_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +39,9 @@ def setup(tmp_path_factory):
     config = EncoderConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32
     )
-    params = BertPretrainingModel(config).init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)
+    params = jitted.init(
+        BertPretrainingModel(config), jax.random.key(0), example_batch(1, 8, 2), deterministic=True
+    )
     pretrained.save_pretrained(
         str(root / "pretrained"), config, nn.meta.unbox(params["params"]), tokenizer, step=3
     )

@@ -17,6 +17,7 @@ from finetune.model import PretrainedWeightsError
 from finetune.tasks import TASKS, Example
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel, example_batch
+from tests import jitted
 
 KEY = "red"
 WORDS = ["green", "blue", "yellow", "cat", "dog", "bird", "fish", "tree", "rock", "house", "road", "lamp"]
@@ -60,7 +61,7 @@ def tiny_model():
     )
     model = BertPretrainingModel(config)
     params = nn.meta.unbox(
-        model.init(jax.random.key(0), example_batch(1, 8, 2), deterministic=True)["params"]
+        jitted.init(model, jax.random.key(0), example_batch(1, 8, 2), deterministic=True)["params"]
     )
     return tokenizer, config, jax.device_get(params)
 

@@ -18,6 +18,7 @@ from data.pipeline import PipelineConfig
 from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
 from models.pretraining import BertPretrainingModel, abstract_params
 from pretrain import summary, trainer  # noqa: F401  (registers adamw and run for the recipes)
+from tests import jitted
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -55,7 +56,7 @@ def tiny():
     """The tiny model and its variables; they depend on neither compute dtype nor batch shape."""
     model = BertPretrainingModel(TINY)
     # Jitted: eager init compiles every initialiser op separately, ~3x slower here.
-    return model, jax.jit(lambda rng: model.init(rng, make_batch(), deterministic=True))(RNG)
+    return model, jitted.init(model, RNG, make_batch(), deterministic=True)
 
 
 # --- config ----------------------------------------------------------------------
@@ -176,7 +177,7 @@ def test_published_param_counts(name, published):
 def test_output_shapes_and_dtypes(tiny, dtype):
     config = dataclasses.replace(TINY, dtype=dtype)
     model, variables = BertPretrainingModel(config), tiny[1]
-    out = model.apply(variables, make_batch(), deterministic=True)
+    out = jitted.apply(model, variables, make_batch(), deterministic=True)
     assert set(out) == {"mlm_logits", "sentence_logits"}
     assert out["mlm_logits"].shape == (B, P, TINY.vocab_size)
     assert out["sentence_logits"].shape == (B, 2)
@@ -185,8 +186,13 @@ def test_output_shapes_and_dtypes(tiny, dtype):
     assert {leaf.dtype for leaf in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
 
     encoded = jax.eval_shape(
-        lambda params, b: Encoder(config).apply(
-            {"params": params}, b["input_ids"], b["input_mask"], b["segment_ids"], deterministic=True
+        lambda params, b: jitted.apply(
+            Encoder(config),
+            {"params": params},
+            b["input_ids"],
+            b["input_mask"],
+            b["segment_ids"],
+            deterministic=True,
         ),
         variables["params"]["encoder"],
         make_batch(),
@@ -199,8 +205,8 @@ def test_output_shapes_and_dtypes(tiny, dtype):
 def test_without_sentence_head(tiny):
     assert set(abstract_params(TINY, sentence_head=False)) == {"encoder", "mlm_head"}
     params = {k: v for k, v in tiny[1]["params"].items() if k != "sentence_head"}
-    out = BertPretrainingModel(TINY, sentence_head=False).apply(
-        {"params": params}, make_batch(), deterministic=True
+    out = jitted.apply(
+        BertPretrainingModel(TINY, sentence_head=False), {"params": params}, make_batch(), deterministic=True
     )
     assert set(out) == {"mlm_logits"}
 
@@ -326,27 +332,25 @@ def test_roberta_position_offset(tiny):
     offset = dataclasses.replace(TINY, max_position_embeddings=L + 2, position_offset=2, type_vocab_size=1)
     plain = dataclasses.replace(offset, max_position_embeddings=L, position_offset=0)
     batch = dict(make_batch(), segment_ids=np.zeros((B, L), np.int32))
-    params = nn.unbox(
-        jax.jit(lambda rng: BertPretrainingModel(offset).init(rng, batch, deterministic=True))(RNG)
-    )
+    params = nn.unbox(jitted.init(BertPretrainingModel(offset), RNG, batch, deterministic=True))
     assert params["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"].shape == (L + 2, 32)
     shifted = jax.tree.map(lambda x: x, params)
     table = shifted["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"]
     shifted["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"] = table[2:]
 
-    expected = BertPretrainingModel(plain).apply(shifted, batch, deterministic=True)["mlm_logits"]
-    actual = BertPretrainingModel(offset).apply(params, batch, deterministic=True)["mlm_logits"]
+    expected = jitted.apply(BertPretrainingModel(plain), shifted, batch, deterministic=True)["mlm_logits"]
+    actual = jitted.apply(BertPretrainingModel(offset), params, batch, deterministic=True)["mlm_logits"]
     np.testing.assert_allclose(actual, expected, atol=1e-6)
     # Rows 0 and 1 are never read (fairseq's padding_idx = 1 and below).
     changed = jax.tree.map(lambda x: x, params)
     changed["params"]["encoder"]["embeddings"]["position_embeddings"]["embedding"] = table.at[:2].set(9.0)
     np.testing.assert_array_equal(
-        BertPretrainingModel(offset).apply(changed, batch, deterministic=True)["mlm_logits"], actual
+        jitted.apply(BertPretrainingModel(offset), changed, batch, deterministic=True)["mlm_logits"], actual
     )
     # ... and the offset is real: without it the same parameters give another function.
     unshifted = dataclasses.replace(offset, position_offset=0)
     assert not np.allclose(
-        BertPretrainingModel(unshifted).apply(params, batch, deterministic=True)["mlm_logits"], actual
+        jitted.apply(BertPretrainingModel(unshifted), params, batch, deterministic=True)["mlm_logits"], actual
     )
 
 
@@ -375,7 +379,7 @@ def test_mlm_head_never_builds_full_vocab_logits(tiny):
     limit = B * L * TINY.vocab_size
 
     def loss(variables):
-        out = model.apply(variables, batch, deterministic=False, rngs={"dropout": RNG})
+        out = jitted.apply(model, variables, batch, deterministic=False, rngs={"dropout": RNG})
         return out["mlm_logits"].sum() + out["sentence_logits"].sum()
 
     assert _largest_array(loss, variables) < limit
@@ -383,7 +387,8 @@ def test_mlm_head_never_builds_full_vocab_logits(tiny):
 
     # The check itself can see a [B, L, V] array when there is one.
     def full_logits(variables):
-        encoded = Encoder(TINY).apply(
+        encoded = jitted.apply(
+            Encoder(TINY),
             {"params": variables["params"]["encoder"]},
             batch["input_ids"],
             batch["input_mask"],
@@ -405,7 +410,8 @@ def test_mlm_logits_match_reference(tiny):
     model, variables = tiny
     batch = make_batch()
     params = nn.unbox(variables["params"])
-    encoded = Encoder(TINY).apply(
+    encoded = jitted.apply(
+        Encoder(TINY),
         {"params": params["encoder"]},
         batch["input_ids"],
         batch["input_mask"],
@@ -422,7 +428,7 @@ def test_mlm_logits_match_reference(tiny):
     x = _layer_norm(x, head["transform_layer_norm"], TINY.layer_norm_eps)
     expected = x @ table.T + head["output_bias"]
 
-    logits = model.apply(variables, batch, deterministic=True)["mlm_logits"]
+    logits = jitted.apply(model, variables, batch, deterministic=True)["mlm_logits"]
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -437,7 +443,8 @@ def test_padding_does_not_leak(tiny):
     changed["segment_ids"][:, L - 5 :] = 1
 
     def encode(b):
-        return Encoder(TINY).apply(
+        return jitted.apply(
+            Encoder(TINY),
             {"params": variables["params"]["encoder"]},
             b["input_ids"],
             b["input_mask"],
@@ -450,8 +457,10 @@ def test_padding_does_not_leak(tiny):
         before.sequence_output[:, : L - 5], after.sequence_output[:, : L - 5], atol=1e-6
     )
     assert not np.allclose(before.sequence_output[:, L - 5 :], after.sequence_output[:, L - 5 :])
-    for key, value in model.apply(variables, batch, deterministic=True).items():
-        np.testing.assert_allclose(value, model.apply(variables, changed, deterministic=True)[key], atol=1e-6)
+    for key, value in jitted.apply(model, variables, batch, deterministic=True).items():
+        np.testing.assert_allclose(
+            value, jitted.apply(model, variables, changed, deterministic=True)[key], atol=1e-6
+        )
 
 
 def test_packed_examples_do_not_attend_to_each_other(tiny):
@@ -510,7 +519,7 @@ def test_dropout_and_determinism(tiny):
     batch = make_batch()
 
     def run(model=model, **kwargs):
-        return model.apply(variables, batch, **kwargs)["mlm_logits"]
+        return jitted.apply(model, variables, batch, **kwargs)["mlm_logits"]
 
     reference = run(deterministic=True)
     np.testing.assert_array_equal(reference, run(deterministic=True))
@@ -547,11 +556,11 @@ def _step(model):
     """Deterministic logits, plus loss and gradients with dropout: a train step's work."""
 
     def loss_fn(variables, batch, rng):
-        out = model.apply(variables, batch, deterministic=False, rngs={"dropout": rng})
+        out = jitted.apply(model, variables, batch, deterministic=False, rngs={"dropout": rng})
         return out["mlm_logits"].mean() + out["sentence_logits"].mean()
 
     def step(variables, batch, rng):
-        return model.apply(variables, batch, deterministic=True), jax.value_and_grad(loss_fn)(
+        return jitted.apply(model, variables, batch, deterministic=True), jax.value_and_grad(loss_fn)(
             variables, batch, rng
         )
 
@@ -572,7 +581,7 @@ def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
     mesh = jax.make_mesh(mesh_shape, ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
 
     def init_fn(rng):
-        return model.init(rng, batch, deterministic=True)
+        return jitted.init(model, rng, batch, deterministic=True)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
         shardings = nn.logical_to_mesh_sharding(
