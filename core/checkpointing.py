@@ -21,6 +21,7 @@ instead, and nothing is moved: that is a config problem, not a damaged file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -89,6 +90,27 @@ def check_free_space(workdir: str, checkpoint_bytes: int, max_to_keep: int) -> N
             max_to_keep,
             checkpoint_bytes / 1e9,
         )
+
+
+@contextlib.contextmanager
+def _without_orbax_warnings():
+    """Reading one item of a step warns that the step's metadata file is not in the item's
+    folder (CheckpointManager writes it one level up): noise on the user's console."""
+    orbax_logger = logging.getLogger("absl")  # orbax logs through absl
+    level = orbax_logger.level
+    orbax_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        orbax_logger.setLevel(level)
+
+
+def saved_tree(state_dir: str) -> Any:
+    """The tree a checkpoint's `state` item holds, as orbax metadata (shapes and dtypes, no
+    arrays). Raises what orbax raises for a missing or unreadable item."""
+    with _without_orbax_warnings():
+        metadata = ocp.PyTreeCheckpointer().metadata(state_dir)
+    return metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata
 
 
 def _all_hosts_ok(ok: bool) -> bool:
@@ -210,8 +232,7 @@ class Checkpointer:
         which then treats the checkpoint as damaged.
         """
         try:
-            metadata = ocp.PyTreeCheckpointer().metadata(os.path.join(self.directory, str(step), "state"))
-            saved = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata
+            saved = saved_tree(os.path.join(self.directory, str(step), "state"))
             saved_params = _shapes(saved["params"])
         except Exception:  # pylint: disable=broad-except
             return

@@ -23,6 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow as tf
 
+from core.checkpointing import saved_tree
 from core.errors import UserError
 
 MODEL_CONFIG = "model_config.json"
@@ -97,9 +98,7 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
     path = os.path.join(absolute(workdir), CHECKPOINTS_DIR, str(step), "state")
     checkpointer = ocp.PyTreeCheckpointer()
     try:
-        metadata = checkpointer.metadata(path)
-        tree = metadata.item_metadata.tree if hasattr(metadata, "item_metadata") else metadata
-        params_metadata = tree["params"]
+        params_metadata = saved_tree(path)["params"]
         restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_metadata)
         restored = checkpointer.restore(
             path,

@@ -113,6 +113,7 @@ def test_demo_smoke(tmp_path, capsys, monkeypatch):
     result = cli_run.run(demo.main, args, capsys)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[4/4] report" in result.stdout and "fill-mask" in (tmp_path / "report.txt").read_text()
+    assert "Metadata file does not exist" not in result.stderr  # orbax noise on reading params
 
 
 def test_ablate_smoke(tmp_path, capsys, monkeypatch):
