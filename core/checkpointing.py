@@ -44,6 +44,10 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be written or restored (one line, user-facing)."""
 
 
+class IteratorMismatchError(CheckpointError):
+    """An intact checkpoint whose data-iterator state another input pipeline wrote."""
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text[:300]}"
@@ -157,13 +161,12 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, iterator: tf.data.Iterator) -> None:
         """Starts saving `step` (orbax finishes in the background); a failure is a CheckpointError."""
-        previous = self.latest_step()
         try:
             self.manager.wait_until_finished()  # surfaces a failure of the previous async save
             tf.train.Checkpoint(iterator=iterator).write(self._iterator_prefix(step))
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
         except Exception as e:  # pylint: disable=broad-except  (disk full, permissions, GCS errors ...)
-            raise self._save_error(step, previous, e) from None
+            raise self._save_error(step, e) from None
         self._delete_stale_iterators()
 
     def wait(self) -> None:
@@ -171,9 +174,28 @@ class Checkpointer:
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # pylint: disable=broad-except
-            raise self._save_error(None, self.latest_step(), e) from None
+            raise self._save_error(None, e) from None
 
-    def _save_error(self, step: int | None, previous: int | None, e: BaseException) -> CheckpointError:
+    def _complete_steps(self) -> list[int]:
+        """The steps whose checkpoint is complete on disk, ascending. Read from the directory,
+        not from the manager, which counts a save that is still in flight (or has failed)."""
+        if not tf.io.gfile.isdir(self.directory):
+            return []
+        steps = []
+        for name in tf.io.gfile.listdir(self.directory):
+            name = name.rstrip("/")
+            # orbax writes <step>.orbax-checkpoint-tmp-* and renames it when complete; on
+            # object stores (no rename) commit_success.txt marks completion.
+            if name.isdigit() and (
+                not self.directory.startswith("gs://")
+                or tf.io.gfile.exists(os.path.join(self.directory, name, "commit_success.txt"))
+            ):
+                steps.append(int(name))
+        return sorted(steps)
+
+    def _save_error(self, step: int | None, e: BaseException) -> CheckpointError:
+        complete = self._complete_steps()
+        previous = complete[-1] if complete else None
         kept = (
             f"the last complete checkpoint is step {previous}"
             if previous is not None
@@ -186,7 +208,11 @@ class Checkpointer:
         )
 
     def restore_latest(
-        self, abstract_state: Any, iterator_for: Callable[[int], tf.data.Iterator]
+        self,
+        abstract_state: Any,
+        iterator_for: Callable[[int], tf.data.Iterator],
+        *,
+        reset_iterator: bool = False,
     ) -> tuple[Any, int | None]:
         """Restores the newest readable checkpoint into `abstract_state`'s shardings.
 
@@ -194,12 +220,27 @@ class Checkpointer:
         data stream can depend on the step, e.g. the phase of a two-phase run).
         Returns (state, step), or (None, None) when the workdir has no checkpoint. Damaged
         checkpoints are moved to bad_checkpoints/ (one log line each) and skipped.
+
+        An intact iterator state written by another input pipeline (its config or our
+        pipeline code changed) is not damage: IteratorMismatchError, nothing moved; or,
+        with `reset_iterator`, the train state is restored and a second iterator_for(step)
+        starts its stream afresh (one warning line).
         """
         while (step := self.latest_step()) is not None:
             self._check_compatible(step, abstract_state)
             error = None
             try:
                 state = self.restore(step, abstract_state, iterator_for(step))
+            except IteratorMismatchError:
+                if not reset_iterator:
+                    raise
+                log.warning(
+                    "checkpoint step %d: the data stream restarts from its beginning "
+                    "(run.reset_data_iterator; the input pipeline changed since it was saved)",
+                    step,
+                )
+                iterator_for(step)  # a new one: the failed read leaves the old one unusable
+                return self._restore_state(step, abstract_state), step
             except Exception as e:  # pylint: disable=broad-except  (tensorstore/TF errors of damaged files)
                 error = e
             # Every host must take the same step, even when only one host's files are damaged.
@@ -219,10 +260,26 @@ class Checkpointer:
         prefix = self._iterator_prefix(step)
         if not tf.io.gfile.glob(prefix + ".index"):
             raise FileNotFoundError(f"no data iterator state {prefix}.index")
+        state = self._restore_state(step, abstract_state)
+        try:
+            tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
+        except tf.errors.OpError as e:
+            # tf.data's words for a state saved by a differently built dataset.
+            if "dataset definition has not changed" not in str(e):
+                raise
+            raise IteratorMismatchError(
+                f"checkpoint step {step} in {self.directory} holds the data position of another "
+                "input pipeline (its PipelineConfig, or this code's pipeline, changed since it was "
+                "saved): resume with the config and code that wrote it, or bind "
+                "run.reset_data_iterator = True to keep the model and optimizer state and restart "
+                "the data stream"
+            ) from None
+        return state
+
+    def _restore_state(self, step: int, abstract_state: Any) -> Any:
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
         )
-        tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
         return restored["state"]
 
     def _check_compatible(self, step: int, abstract_state: Any) -> None:

@@ -5,14 +5,17 @@ not applied to LayerNorm parameters or biases; beta1 0.9, beta2 0.999, eps 1e-6;
 global-norm clipping at 1.0; learning rate warmed up linearly for `warmup_steps`, then
 linearly decayed to 0 at `total_steps`. The decay runs over the *whole* run
 (lr * (1 - step / total) after warmup), exactly as the original's
-`polynomial_decay(..., num_train_steps)` with warmup overriding the first steps.
+`polynomial_decay(..., num_train_steps)` with warmup overriding the first steps
+(`warmup_linear_decay` form "bert").
 
 One deviation, named here and in the README: the original `AdamWeightDecayOptimizer`
 has no bias correction of the moments; optax's Adam has it (as do HF and fairseq).
 Its effect is confined to the first few thousand steps, which are in warmup anyway.
 
-RoBERTa (fairseq) uses the same AdamW with beta2 0.98, eps 1e-6 and no clipping
-(configs/recipes/roberta.gin). ALBERT (google-research/albert `lamb_optimizer.py`,
+RoBERTa (fairseq) uses AdamW with beta2 0.98, eps 1e-6 and no clipping
+(configs/recipes/roberta.gin), weight decay on every parameter (fairseq's Adam has no
+exclusions) and fairseq's `polynomial_decay`, which decays from the peak at the end of
+warmup (form "fairseq"). ALBERT (google-research/albert `lamb_optimizer.py`,
 `optimization.py`) uses LAMB with the same schedule, clipping, decay rate and no-decay
 names; see `lamb`.
 
@@ -31,17 +34,34 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from core.errors import ConfigError
 
-def warmup_linear_decay(peak, warmup_steps, total_steps) -> optax.Schedule:
-    """BERT's schedule: peak * step / warmup during warmup, then peak * (1 - step / total).
+SCHEDULES = ("bert", "fairseq")
 
-    The arguments may be Python numbers or traced arrays (fine-tuning injects them).
+
+def warmup_linear_decay(peak, warmup_steps, total_steps, form: str = "bert") -> optax.Schedule:
+    """Linear warmup to `peak` over `warmup_steps`, then linear decay to 0 at `total_steps`.
+
+    form "bert" (google-research/bert `optimization.py`, ALBERT alike): the decay runs
+    over the whole run, peak * (1 - step / total), and warmup overrides its first steps,
+    so the rate after warmup starts at peak * (1 - warmup / total).
+    form "fairseq" (fairseq `polynomial_decay_schedule.py`, power 1, end 0; RoBERTa): the
+    decay starts from the peak at the end of warmup, peak * (1 - (step - W) / (T - W)).
+
+    `peak`, `warmup_steps` and `total_steps` may be Python numbers or traced arrays
+    (fine-tuning injects them); `form` is static.
     """
+    if form not in SCHEDULES:
+        raise ConfigError(f"learning-rate schedule form '{form}' is not one of {SCHEDULES}")
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
         warm = peak * step / jnp.maximum(warmup_steps, 1)
-        decay = peak * jnp.maximum(0.0, 1.0 - step / jnp.maximum(total_steps, 1))
+        if form == "bert":
+            remaining = 1.0 - step / jnp.maximum(total_steps, 1)
+        else:
+            remaining = 1.0 - (step - warmup_steps) / jnp.maximum(total_steps - warmup_steps, 1)
+        decay = peak * jnp.maximum(0.0, remaining)
         return jnp.where(step < warmup_steps, warm, decay)
 
     return schedule
@@ -68,12 +88,16 @@ def adamw_chain(
     eps: float,
     weight_decay: float,
     clip_norm: float | None,
+    decay_all_parameters: bool = False,
 ) -> optax.GradientTransformation:
-    """Global-norm clipping (if clip_norm) then optax.adamw with BERT's no-decay mask."""
+    """Global-norm clipping (if clip_norm) then optax.adamw.
+
+    Weight decay skips biases and LayerNorm (`decay_mask`, BERT) unless
+    `decay_all_parameters` (fairseq's Adam, and so RoBERTa, decays every parameter).
+    """
     parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-    parts.append(
-        optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
-    )
+    mask = None if decay_all_parameters else decay_mask
+    parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask))
     return optax.chain(*parts)
 
 
@@ -87,11 +111,27 @@ def adamw(
     eps: float = 1e-6,
     weight_decay: float = 0.01,
     clip_norm: float | None = 1.0,
+    schedule: str = "bert",
+    decay_all_parameters: bool = False,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """BERT's AdamW (defaults = the published hyperparameters). Returns (optimizer, schedule)."""
-    schedule = warmup_linear_decay(learning_rate, warmup_steps, total_steps)
-    optimizer = adamw_chain(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, clip_norm=clip_norm)
-    return optimizer, schedule
+    """BERT's AdamW (defaults = the published hyperparameters). Returns (optimizer, schedule).
+
+    RoBERTa's recipe binds fairseq's schedule form and weight decay on every parameter
+    (see `warmup_linear_decay` and `adamw_chain`).
+    """
+    optimizer = _scheduled_adamw(
+        learning_rate,
+        warmup_steps,
+        total_steps,
+        b1,
+        b2,
+        eps,
+        weight_decay,
+        clip_norm,
+        schedule,
+        decay_all_parameters,
+    )
+    return optimizer, warmup_linear_decay(learning_rate, warmup_steps, total_steps, schedule)
 
 
 @gin.configurable
@@ -125,16 +165,41 @@ def lamb(
     return optax.chain(*parts), schedule
 
 
-def _scheduled_adamw(learning_rate, warmup_steps, total_steps, b1, b2, eps, weight_decay, clip_norm):
-    schedule = warmup_linear_decay(learning_rate, warmup_steps, total_steps)
-    return adamw_chain(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, clip_norm=clip_norm)
+def _scheduled_adamw(
+    learning_rate,
+    warmup_steps,
+    total_steps,
+    b1,
+    b2,
+    eps,
+    weight_decay,
+    clip_norm,
+    schedule,
+    decay_all_parameters,
+):
+    return adamw_chain(
+        warmup_linear_decay(learning_rate, warmup_steps, total_steps, schedule),
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        weight_decay=weight_decay,
+        clip_norm=clip_norm,
+        decay_all_parameters=decay_all_parameters,
+    )
 
 
-_GRID_STATIC = ("b1", "b2", "eps", "weight_decay", "clip_norm")
+_GRID_STATIC = ("b1", "b2", "eps", "weight_decay", "clip_norm", "schedule", "decay_all_parameters")
 
 
 def grid_adamw(
-    *, b1: float, b2: float, eps: float, weight_decay: float, clip_norm: float | None
+    *,
+    b1: float,
+    b2: float,
+    eps: float,
+    weight_decay: float,
+    clip_norm: float | None,
+    schedule: str = "bert",
+    decay_all_parameters: bool = False,
 ) -> Callable[..., optax.GradientTransformation]:
     """AdamW + `warmup_linear_decay` whose schedule is optimizer state, for hyperparameter grids.
 
@@ -143,8 +208,19 @@ def grid_adamw(
     (optax.inject_hyperparams), so a step compiled with one of them runs a state
     initialised by any other (`make(lr, w, t).init(params)`). `opt_state.hyperparams`
     shows the values; the current learning rate is the schedule at the step count.
+    `schedule` (the decay form) and `decay_all_parameters` are as in `adamw`.
     """
-    fixed = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, clip_norm=clip_norm)
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"learning-rate schedule form '{schedule}' is not one of {SCHEDULES}")
+    fixed = dict(
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        weight_decay=weight_decay,
+        clip_norm=clip_norm,
+        schedule=schedule,
+        decay_all_parameters=decay_all_parameters,
+    )
     injected = optax.inject_hyperparams(_scheduled_adamw, static_args=_GRID_STATIC)
 
     def make(learning_rate: float, warmup_steps: int, total_steps: int) -> optax.GradientTransformation:

@@ -34,11 +34,13 @@ The stages, in pipeline order:
 
 The other formats (`PipelineConfig.format`, `sentence_objective`) reuse these stages:
 RoBERTa's SENTENCE-PAIR is `chunk_document(max_chunk_sentences=2)`; ALBERT's SOP
-replaces stage 3 by `swap_segments`; `format_pair(pair_format="roberta")` gives
+follows stage 3 (which then only fills one-sentence chunks) with `swap_segments`;
+`format_pair(pair_format="roberta")` gives
 `<s> A </s></s> B </s>`. FULL-SENTENCES and DOC-SENTENCES split documents into
 sentences (`split_sentences`), fill rows with `fill_step` (a `Dataset.scan` step, so its
 state is part of the iterator checkpoint), format them with `format_single` and, for
-DOC-SENTENCES, pack short rows together with `pack_step`.
+DOC-SENTENCES, pack short rows together with `pack_step`; `flush_sentences` /
+`flush_example` close the open row at the end of a pass.
 
 Randomness is stateless (`tf.random.stateless_*`) with seeds derived from the run seed,
 the epoch copy, the document id and the chunk index, so the stream depends only on
@@ -294,23 +296,28 @@ def _pad_row(tokens: tf.Tensor, segment: tf.Tensor, max_seq_length: int, pad_id:
 
 
 def swap_segments(pair: Features, *, seed: tf.Tensor) -> dict[str, tf.Tensor]:
-    """ALBERT's sentence-order prediction on a chunk with its own B (random_next_prob 0).
+    """ALBERT's sentence-order prediction on a chunk from `chunk_document(random_next_prob=0)`.
 
-    With probability 1/2 A and B swap places; `is_random_next` becomes "swapped", so the
-    label is 1 = swapped, 0 = in order, as `is_random_next` in google-research/albert
-    `create_instances_from_document` (its swap branch sets is_random_next = True). B is
-    never taken from another document: ALBERT pairs a one-sentence chunk with a random
-    document's B; we mark such chunks `valid` False instead (they are dropped).
+    As google-research/albert create_pretraining_data.py `create_instances_from_document`
+    (default random_next_sentence=False): a chunk with its own B swaps A and B with
+    probability 1/2, and the label is `is_random_next`, 1 = swapped, 0 = in order (its
+    swap branch sets is_random_next = True). A one-sentence chunk has no B of its own: it
+    arrives with `is_random_next` True and B from another document (`attach_random_b`),
+    is never swapped and keeps label 1, as ALBERT's random-document branch, which comes
+    before the swap branch.
 
-    pair: a_tokens [A], b_tokens [B] int32, is_random_next [] bool. Returns the pair with
-    a_tokens / b_tokens possibly swapped, is_random_next, and valid [] bool.
+    pair: a_tokens [A], b_tokens [B] int32, is_random_next [] bool, optional valid [] bool.
+    Returns the pair with a_tokens / b_tokens possibly swapped, is_random_next, and
+    valid [] bool (False when B is empty: a one-sentence chunk that got no random B).
     """
-    swap = _uniform(derive_seed(seed, _SALT_SWAP), [1])[0] < 0.5
+    from_other_document = pair["is_random_next"]
+    draw = _uniform(derive_seed(seed, _SALT_SWAP), [1])[0] < 0.5
+    swap = tf.logical_and(draw, tf.logical_not(from_other_document))
     out = dict(pair)
     out["a_tokens"] = tf.cond(swap, lambda: pair["b_tokens"], lambda: pair["a_tokens"])
     out["b_tokens"] = tf.cond(swap, lambda: pair["a_tokens"], lambda: pair["b_tokens"])
-    out["is_random_next"] = swap
-    out["valid"] = tf.size(pair["b_tokens"]) > 0
+    out["is_random_next"] = tf.logical_or(swap, from_other_document)
+    out["valid"] = tf.logical_and(pair.get("valid", tf.constant(True)), tf.size(pair["b_tokens"]) > 0)
     return out
 
 
@@ -328,6 +335,20 @@ def split_sentences(doc: Features) -> dict[str, tf.Tensor]:
         "doc_id": tf.fill([num], doc["doc_id"]),
         "sentence_index": tf.range(num),
         "epoch": tf.fill([num], doc["epoch"]),
+    }
+
+
+def flush_sentences() -> dict[str, tf.Tensor]:
+    """One empty sentence (real ones never are), on which `fill_step` emits its open row.
+
+    In the form of `split_sentences` output (S = 1, so `Dataset.from_tensor_slices` gives
+    elements of the same spec); doc_id -1 is no document's.
+    """
+    return {
+        "tokens": tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.constant([0], tf.int32)),
+        "doc_id": tf.constant([-1], tf.int64),
+        "sentence_index": tf.constant([0]),
+        "epoch": tf.constant([-1], tf.int64),
     }
 
 
@@ -353,20 +374,22 @@ def fill_step(
     True (FULL-SENTENCES): a new document continues the row after one extra `sep_id`
     separator; False (DOC-SENTENCES): a new document always closes the row. A sentence
     longer than max_tokens is cut to max_tokens (fairseq's blocks would keep it whole
-    and drop it by length; rare with natural sentences).
+    and drop it by length; rare with natural sentences). An empty sentence
+    (`flush_sentences`, the end of a pass) closes the open row and leaves the state empty.
 
-    state: `fill_initial_state`. sentence: a row of `split_sentences`.
+    state: `fill_initial_state`. sentence: a row of `split_sentences` or `flush_sentences()`.
     Returns (new state, (emit [] bool, row)): row has tokens [N] int32 (N <= max_tokens),
     doc_id [] int64 and sentence_index [] int32 of its first sentence, epoch [] int64.
     """
     sent = sentence["tokens"][:max_tokens]
+    flush = tf.equal(tf.size(sent), 0)
     length = state["length"]
     new_doc = tf.logical_and(length > 0, tf.not_equal(state["last_doc"], sentence["doc_id"]))
     if cross_documents:
         piece = tf.concat([tf.fill([tf.cast(new_doc, tf.int32)], sep_id), sent], 0)
     else:
         piece = sent
-    close = tf.logical_and(length > 0, length + tf.size(piece) > max_tokens)
+    close = tf.logical_and(length > 0, tf.logical_or(length + tf.size(piece) > max_tokens, flush))
     if not cross_documents:
         close = tf.logical_or(close, new_doc)
     row = {
@@ -402,6 +425,22 @@ def format_single(
     return _pad_row(tokens, tf.zeros_like(tokens), max_seq_length, pad_id)
 
 
+def flush_example(max_seq_length: int) -> dict[str, tf.Tensor]:
+    """An example with no tokens (real ones have at least [CLS] [SEP]): `pack_step` emits
+    its open row on it. Same keys and shapes as `format_single` output plus doc_id,
+    sentence_index, epoch."""
+    zeros = tf.zeros([max_seq_length], tf.int32)
+    return {
+        "input_ids": zeros,
+        "input_mask": zeros,
+        "segment_ids": zeros,
+        "positions": tf.range(max_seq_length, dtype=tf.int32),
+        "doc_id": tf.constant(-1, tf.int64),
+        "sentence_index": tf.constant(0),
+        "epoch": tf.constant(-1, tf.int64),
+    }
+
+
 def pack_initial_state(max_seq_length: int) -> dict[str, tf.Tensor]:
     """The empty state of `pack_step`."""
     zeros = tf.zeros([max_seq_length], tf.int32)
@@ -428,13 +467,14 @@ def pack_step(
     attention within an example, and `positions` restart at 0 for each example.
 
     state: `pack_initial_state`. example: `format_single` output plus doc_id,
-    sentence_index, epoch. Returns (new state, (emit [] bool, row)): row has input_ids,
+    sentence_index, epoch, or `flush_example` (closes the open row, leaves the state
+    empty). Returns (new state, (emit [] bool, row)): row has input_ids,
     input_mask, segment_ids, positions, example_ids [max_seq_length] int32 and doc_id,
     sentence_index, epoch of its first example.
     """
     n = tf.reduce_sum(example["input_mask"])
     length = state["length"]
-    close = tf.logical_and(length > 0, length + n > max_seq_length)
+    close = tf.logical_and(length > 0, tf.logical_or(length + n > max_seq_length, tf.equal(n, 0)))
     valid = tf.range(max_seq_length) < length
     row = {
         "input_ids": tf.where(valid, state["input_ids"], pad_id),
@@ -447,7 +487,7 @@ def pack_step(
         "epoch": state["epoch"],
     }
     start = tf.where(close, 0, length)
-    count = tf.where(close, 1, state["count"] + 1)
+    count = tf.where(start == 0, 1, state["count"] + 1)  # a row's first example is 1
     index = tf.range(max_seq_length)
     inside = (index >= start) & (index < start + n)
     shifted = tf.roll(example["input_ids"], start, axis=0)  # n <= max_seq_length - start

@@ -10,10 +10,14 @@ For one formatted row (input_ids [L], input_mask [L]):
   order, a word skipped if it would overshoot the count (so the count is never
   exceeded and a word is never split); `"ngram"`: ALBERT's n-gram masking,
   google-research/albert `create_masked_lm_predictions`: in random order of start word,
-  n ~ p(n) proportional to 1/n over n <= 3 consecutive candidate words, shortened while it
-  overshoots the count, skipped if it still overshoots or overlaps an earlier n-gram;
-- of the chosen: 80% become [MASK], 10% a random id in [0, vocab_size), 10% unchanged
-  (the original's two coin flips: p(mask)=0.8, then 0.5/0.5 keep vs random);
+  n ~ p(n) proportional to 1/n over n in 1..3 consecutive candidate words, cut short at the
+  last candidate word (ALBERT draws n before slicing `cand_indexes[idx:idx+n]`), shortened
+  while it overshoots the count, skipped if it still overshoots or overlaps an earlier n-gram;
+- of the chosen: 80% become [MASK], 10% a random id, 10% unchanged (the original's two
+  coin flips: p(mask)=0.8, then 0.5/0.5 keep vs random). The random id is uniform over
+  [0, vocab_size) (BERT, ALBERT: `rng.randint(0, len(vocab_words) - 1)`) minus the
+  tokenizer family's `random_exclude_ids` (byte-level BPE, RoBERTa: fairseq's <s> <pad>
+  </s> <unk>);
 - outputs are sorted by position and padded to max_predictions_per_seq.
 
 The mask is a pure function of the row and a stateless seed. Static masking (the
@@ -33,6 +37,26 @@ MASKING_UNITS = ("token", "whole_word", "ngram")
 MAX_NGRAM = 3  # ALBERT's --ngram default
 
 
+def random_exclude_ids(tokenizer_kind: str | None, special_ids: Mapping[str, int]) -> tuple[int, ...]:
+    """Ids the 10% random replacement never draws, by tokenizer family (sorted).
+
+    Byte-level BPE (RoBERTa): fairseq's MaskTokensDataset (fairseq/data/mask_tokens_dataset.py)
+    sets `weights[: self.vocab.nspecial] = 0`; the dictionary's `nspecial` are <s> <pad> </s>
+    <unk> (fairseq/data/dictionary.py), while <mask> is added after them by the masked_lm task
+    (fairseq/tasks/masked_lm.py), so it stays drawable. WordPiece and SentencePiece (BERT,
+    ALBERT create_pretraining_data.py): `vocab_words[rng.randint(0, len(vocab_words) - 1)]`,
+    the whole vocab, specials included: nothing excluded.
+
+    Args:
+      tokenizer_kind: the tokenizer identity's "kind" ("wordpiece", "bpe", "sentencepiece");
+        None (an old manifest) excludes nothing.
+      special_ids: {"pad", "unk", "cls", "sep", ...} -> id, as in the shards' manifest.
+    """
+    if tokenizer_kind != "bpe":
+        return ()
+    return tuple(sorted({special_ids[name] for name in ("cls", "pad", "sep", "unk")}))
+
+
 def mask_tokens(
     row: Mapping[str, tf.Tensor],
     *,
@@ -44,13 +68,15 @@ def mask_tokens(
     max_predictions_per_seq: int,
     masking_unit: str = "token",
     word_starts: tf.Tensor | None = None,
+    random_exclude_ids: Sequence[int] = (),
 ) -> dict[str, tf.Tensor]:
     """Applies BERT MLM masking to one row.
 
     Args:
       row: input_ids [L] int32, input_mask [L] int32 (other keys pass through).
       seed: [2] int64 stateless seed for this row.
-      vocab_size: random replacements are drawn uniformly from [0, vocab_size).
+      vocab_size: random replacements are drawn uniformly from [0, vocab_size), less
+        `random_exclude_ids`.
       mask_id: id of [MASK].
       never_mask_ids: ids that are never chosen ([CLS], [SEP]; padding is excluded
         through input_mask).
@@ -60,6 +86,8 @@ def mask_tokens(
       word_starts: [vocab_size] bool, True for ids that begin a word (the tokenizer's
         `word_start_mask()`); required for "whole_word" and "ngram". A candidate that
         follows a non-candidate ([CLS], [SEP]) always begins a word.
+      random_exclude_ids: ids a random replacement never takes (`random_exclude_ids()`: the
+        tokenizer family decides). Empty: the whole vocab, the same draws as before.
 
     Returns:
       The row with input_ids replaced, plus masked_lm_positions [P] int32,
@@ -111,7 +139,7 @@ def mask_tokens(
     original = tf.gather(input_ids, positions)
 
     action = tf.random.stateless_uniform([k], seed=seeds[1])
-    random_ids = tf.random.stateless_uniform([k], seed=seeds[2], maxval=vocab_size, dtype=tf.int32)
+    random_ids = _random_ids(seeds[2], k, vocab_size, random_exclude_ids)
     # Same two coin flips as the original: 80% [MASK]; of the rest, half keep, half random.
     replacement = tf.where(action < 0.8, mask_id, tf.where(action < 0.9, original, random_ids))
     valid_positions = tf.boolean_mask(positions, is_prediction)
@@ -125,6 +153,17 @@ def mask_tokens(
     out["masked_lm_ids"] = tf.pad(tf.where(is_prediction, original, 0), [[0, pad]])
     out["masked_lm_weights"] = tf.pad(tf.cast(is_prediction, tf.float32), [[0, pad]])
     return out
+
+
+def _random_ids(seed: tf.Tensor, k: int, vocab_size: int, exclude: Sequence[int]) -> tf.Tensor:
+    """[k] int32 ids uniform over [0, vocab_size) without `exclude`: a uniform index into the
+    allowed ids, moved past every excluded id at or below it (ascending, so each step sees
+    the index already moved past the smaller ones)."""
+    exclude = sorted(set(int(i) for i in exclude))
+    ids = tf.random.stateless_uniform([k], seed=seed, maxval=vocab_size - len(exclude), dtype=tf.int32)
+    for excluded in exclude:
+        ids += tf.cast(ids >= excluded, tf.int32)
+    return ids
 
 
 def _choose_words(
@@ -152,13 +191,14 @@ def _choose_words(
     order = tf.argsort(tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[0]))
     n_draws = tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[1])
     inv = 1.0 / np.arange(1, max_ngram + 1)
+    cdf = tf.constant((np.cumsum(inv) / inv.sum())[:-1], tf.float32)  # P(n <= 1 .. max_ngram - 1)
 
     def body(j, covered_words, count):
         w = order[j]
-        # n ~ 1/n over the n-grams that fit before the last word (ALBERT truncates at the end).
+        # n ~ 1/n over all of 1..max_ngram, then cut at the last candidate word: ALBERT draws
+        # from `ngrams[:len(cand_index_set)]` (always all of them: one slice per n) and takes
+        # `cand_indexes[idx:idx+n]`, which stops at the end of the list.
         n_max = tf.minimum(max_ngram, num_words - w)
-        p = tf.where(tf.range(max_ngram) < n_max, tf.constant(inv, tf.float32), 0.0)
-        cdf = tf.cumsum(p) / tf.reduce_sum(p)
         n = 1 + tf.reduce_sum(tf.cast(cdf < n_draws[j], tf.int32))
         n = tf.minimum(n, n_max)
         span_len = tf.cumsum(tf.gather(word_len, w + tf.range(n_max)))  # tokens of the 1..n_max-gram

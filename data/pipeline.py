@@ -1,20 +1,27 @@
 """The per-host tf.data pipeline: document shards -> masked BERT batches.
 
-    shards --(this host's files)--> documents --shuffle--> chunks (instances.chunk_document)
-      --zip two random other documents--> pairs (attach_random_b, truncate_pair, format_pair)
-      --mask (masking.mask_tokens)--> shuffle --> batch(drop_remainder) --> prefetch
+    for each pass (epoch) over this host's files:
+      files (seeded order) --interleave--> documents --block shuffle--> chunks
+      (instances.chunk_document) --zip two random other documents--> pairs
+      (attach_random_b, truncate_pair, format_pair) --mask (masking.mask_tokens)--> rows
+    rows of all passes --shuffle--> batch(drop_remainder) --> prefetch
 
-That is `format="segment_pair"` with NSP (BERT). SOP and "none" drop the random-document
-stream; "sentence_pair" closes chunks at two sentences; "full_sentences" and
-"doc_sentences" go documents -> sentences --scan(fill_step)--> rows [--scan(pack_step)-->
-packed rows] -> mask. The scans' state is saved with the iterator.
+That is `format="segment_pair"` with NSP (BERT). SOP zips the random-document stream too
+(a one-sentence chunk takes its B from another document, as ALBERT); "none" drops it;
+"sentence_pair" closes chunks at two sentences; "full_sentences" and "doc_sentences" go
+documents -> sentences --scan(fill_step)--> rows [--scan(pack_step)--> packed rows] ->
+mask. The scans' state is saved with the iterator.
 
-Every document carries the number of the epoch it was read in: instance layout and
-static masks use the *copy* `epoch % dupe_factor` (the original wrote `dupe_factor`
-differently-masked copies of the data); dynamic masking uses the epoch itself, so every
-pass gets fresh masks. All randomness is stateless and seeded, so the stream is a pure
-function of (this host's files, config); the iterator is checkpointable with
-`tf.train.Checkpoint(iterator=it)` for exact resume.
+Every document carries the number of the epoch it was read in. Everything that shapes a
+row (file order, document order, chunking, random B, which documents share a
+FULL-/DOC-SENTENCES row) uses the *copy* `epoch % dupe_factor`, and each pass is built
+from scratch (no state crosses a pass), so passes e and e + dupe_factor make the same
+rows (the original wrote `dupe_factor` differently-masked copies of the data). Static
+masks use the copy too; dynamic masking uses the epoch itself, so every pass gets fresh
+masks. All randomness is stateless and seeded, so the stream is a pure function of
+(this host's files, config); the iterator is checkpointable with
+`tf.train.Checkpoint(iterator=it)` for exact resume (which is why documents are shuffled
+in blocks by stateless permutations: `Dataset.shuffle` inside a pass cannot be saved).
 
 Batches are dicts of numpy-convertible tensors with the keys of docs/architecture.md:
 input_ids, input_mask, segment_ids, positions [B, L] int32; masked_lm_positions,
@@ -40,6 +47,13 @@ from data.shards import Vocab
 _SALT_DOC = 11
 _SALT_MASK = 12
 _SALT_PAIR = 13
+_SALT_FILES = 14
+_SALT_BLOCKS = 15
+
+# Files each host reads at once (fewer if it has fewer). Shards are in random order
+# (data.preprocess), so this is for read throughput more than mixing; each open file
+# costs one read buffer.
+_CYCLE_LENGTH = 16
 
 
 FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
@@ -83,8 +97,8 @@ class PipelineConfig:
     next_sentence_prob: float = 0.5  # probability of a NotNext pair (BERT: 0.5)
     masking: str = "static"  # "static" (dupe_factor seeded copies) or "dynamic" (fresh each pass)
     dupe_factor: int = 10
-    document_shuffle_buffer: int = 1000
-    instance_shuffle_buffer: int = 10000
+    document_shuffle_buffer: int = 1000  # documents are shuffled within blocks of this many per pass
+    instance_shuffle_buffer: int = 10000  # rows, across passes
     seed: int = 12345
     format: str = "segment_pair"
     sentence_objective: str = "nsp"
@@ -172,50 +186,61 @@ def host_files(data_dir: str, split: str, process_index: int, process_count: int
     return files, True
 
 
-def _documents(
+def _block_shuffle(records: tf.data.Dataset, block: int, seed: tf.Tensor) -> tf.data.Dataset:
+    """Shuffles a finite stream within consecutive blocks of `block` elements.
+
+    A stateless permutation per block (seeded by `seed` and the block's index), so it is
+    a pure function of the input and can be checkpointed inside a per-pass `flat_map`
+    (`Dataset.shuffle` there holds a seed generator that iterator saving rejects).
+    records: a dataset of [] tf.string. seed: [2] int64.
+    """
+
+    def permute(index, batch):
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(tf.size(batch)), seed=instances.derive_seed(seed, index)
+        )
+        return tf.gather(batch, order)
+
+    return records.batch(block).enumerate().map(permute).unbatch()
+
+
+def _pass_documents(
     files: list[str],
+    epoch: tf.Tensor,
+    order_seed: tf.Tensor,
     *,
-    seed: int,
-    shuffle_buffer: int,
+    block: int,
     shuffle_files: bool,
-    first_epoch: int,
     shard_documents: bool,
     process_index: int,
     process_count: int,
 ) -> tf.data.Dataset:
-    """Endless stream of parsed documents, each tagged with its epoch ([] int64).
+    """One pass over the files: parsed documents, each tagged with `epoch` ([] int64).
 
-    Shuffles stay at the top level of the dataset graph (a shuffle inside a per-epoch
-    `flat_map` cannot be checkpointed); the file order of each epoch is a stateless
-    permutation seeded by (seed, epoch), identical on every host.
+    The file order and the block shuffle are stateless permutations seeded by
+    `order_seed` ([2] int64), identical on every host, so the pass is a pure function
+    of (files, order_seed) and the same seed gives the same documents in the same order.
     """
     names = tf.constant(files)
-
-    def epoch_files(epoch):
-        order = names
-        if shuffle_files and len(files) > 1:
-            order = tf.random.experimental.stateless_shuffle(
-                names, seed=instances.derive_seed([seed, 0], epoch)
-            )
-        return tf.data.Dataset.from_tensor_slices(order).map(lambda name: (name, epoch))
-
-    def records(name, epoch):
-        return tf.data.TFRecordDataset(name).map(lambda record: (record, epoch))
-
-    ds = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_files)
-    ds = ds.interleave(
-        records, cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    if shuffle_files and len(files) > 1:
+        names = tf.random.experimental.stateless_shuffle(
+            names, seed=instances.derive_seed(order_seed, _SALT_FILES)
+        )
+    ds = tf.data.Dataset.from_tensor_slices(names).interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(_CYCLE_LENGTH, len(files)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
     )
-    if shard_documents:
+    if shard_documents:  # before any shuffle: every host sees the same record order
         ds = ds.shard(process_count, process_index)
+    if block > 1:
+        ds = _block_shuffle(ds, block, instances.derive_seed(order_seed, _SALT_BLOCKS))
 
-    def parse(record, epoch):
+    def parse(record):
         return dict(instances.parse_document(record), epoch=epoch)
 
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if shuffle_buffer > 1:
-        ds = ds.shuffle(shuffle_buffer, seed=seed)
-    return ds
+    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def _is_valid(row, valid):
@@ -242,30 +267,44 @@ def instance_stream(
 ) -> tf.data.Dataset:
     """Endless stream of masked rows (unbatched) from these files; see the module docstring.
 
+    Rows are made one pass at a time (`flat_map` over the epochs from `first_epoch`), each
+    pass from its copy's document order and with fresh scan states, then shuffled across
+    passes by the instance buffer.
     word_starts: [vocab_size] bool (the tokenizer's `word_start_mask()`), needed for
     masking_unit "whole_word" / "ngram".
     """
     if config.masking_unit != "token" and word_starts is None:
         raise ValueError(f"masking_unit={config.masking_unit!r} needs word_starts [vocab_size] bool")
-    document_stream = functools.partial(
-        _documents,
+    pass_documents = functools.partial(
+        _pass_documents,
         files,
-        first_epoch=first_epoch,
         shard_documents=shard_documents,
         process_index=process_index,
         process_count=process_count,
     )
-    docs = document_stream(
-        seed=config.seed,
-        shuffle_buffer=config.document_shuffle_buffer if shuffle else 1,
-        shuffle_files=shuffle,
-    )
     base = tf.constant([config.seed, 0], tf.int64)
+    random_base = tf.constant([config.seed + 1, 0], tf.int64)
     pair_format = resolve_pair_format(config, vocab)
     word_table = None if word_starts is None else tf.constant(word_starts, tf.bool)
 
     def copy_of(epoch):
         return epoch % config.dupe_factor
+
+    def documents(epoch):
+        # Ordered by the copy, not the epoch: pass e + dupe_factor reads what pass e read.
+        order_seed = instances.derive_seed(base, copy_of(epoch))
+        block = config.document_shuffle_buffer if shuffle else 1
+        return pass_documents(epoch, order_seed, block=block, shuffle_files=shuffle)
+
+    def random_documents(epoch):
+        # Endless within the pass (a pass has more chunks than document pairs): round r
+        # re-reads this host's files in another order, seeded by (copy, r).
+        def one_round(r):
+            order_seed = instances.derive_seed(random_base, copy_of(epoch), r)
+            block = max(config.document_shuffle_buffer, 2)
+            return pass_documents(epoch, order_seed, block=block, shuffle_files=True)
+
+        return tf.data.Dataset.range(2**62).flat_map(one_round)
 
     def mask(row, epoch, doc_id, index):
         mask_epoch = copy_of(epoch) if config.masking == "static" else epoch
@@ -280,19 +319,28 @@ def instance_stream(
             max_predictions_per_seq=config.max_predictions_per_seq,
             masking_unit=config.masking_unit,
             word_starts=word_table,
+            random_exclude_ids=vocab.random_exclude_ids,
         )
 
-    if config.format in ("segment_pair", "sentence_pair"):
-        ds = _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_stream)
-    else:
-        ds = _filled_rows(docs, config, vocab, mask)
+    def pass_rows(epoch):
+        if config.format in ("segment_pair", "sentence_pair"):
+            random_docs = None if config.sentence_objective == "none" else random_documents(epoch)
+            return _pair_rows(documents(epoch), random_docs, config, vocab, pair_format, base, copy_of, mask)
+        return _filled_rows(documents(epoch), config, vocab, mask)
+
+    ds = tf.data.Dataset.range(first_epoch, 2**62).flat_map(pass_rows)
     if shuffle and config.instance_shuffle_buffer > 1:
         ds = ds.shuffle(config.instance_shuffle_buffer, seed=config.seed + 2)
     return ds
 
 
-def _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_stream) -> tf.data.Dataset:
-    """SEGMENT-PAIR / SENTENCE-PAIR rows with NSP, SOP or no sentence label."""
+def _pair_rows(docs, random_docs, config, vocab, pair_format, base, copy_of, mask) -> tf.data.Dataset:
+    """One pass of SEGMENT-PAIR / SENTENCE-PAIR rows with NSP, SOP or no sentence label.
+
+    docs: this pass's documents. random_docs: an endless stream of documents for random
+    B's, zipped two per chunk (NSP, and SOP's one-sentence chunks), so a chunk's random
+    B depends only on the pass's copy and the chunk's position in it; None for "none".
+    """
     objective = config.sentence_objective
     max_num_tokens = config.max_seq_length - pair_layout.get(pair_format).num_specials()
 
@@ -316,7 +364,10 @@ def _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_s
         if objective == "nsp":
             pair = instances.attach_random_b(chunk, candidates, seed=seed)
         elif objective == "sop":
-            pair = instances.swap_segments(chunk, seed=seed)
+            # ALBERT: only a one-sentence chunk (is_random_next) gets another document's B;
+            # the others keep their own B, swapped with probability 1/2.
+            pair = instances.attach_random_b(chunk, candidates, seed=seed)
+            pair = instances.swap_segments(pair, seed=seed)
         else:  # a one-sentence chunk keeps an empty B: `[CLS] A [SEP] [SEP]`
             pair = dict(chunk, valid=tf.constant(True))
         pair = instances.truncate_pair(pair, seed=seed, max_num_tokens=max_num_tokens)
@@ -333,11 +384,8 @@ def _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_s
         return mask(row, epoch, chunk["doc_id"], chunk["chunk_index"]), pair["valid"]
 
     ds = docs.flat_map(chunks)
-    if objective == "nsp":
-        # B of NotNext pairs comes from a second, differently shuffled stream of documents.
-        random_docs = document_stream(
-            seed=config.seed + 1, shuffle_buffer=max(config.document_shuffle_buffer, 2), shuffle_files=True
-        )
+    if objective != "none":
+        # A random B comes from a second, differently ordered stream of documents.
         random_docs = random_docs.map(
             lambda d: {k: d[k] for k in ("token_ids", "sentence_lengths", "doc_id")}
         )
@@ -347,10 +395,16 @@ def _pair_rows(docs, config, vocab, pair_format, base, copy_of, mask, document_s
 
 
 def _filled_rows(docs, config, vocab, mask) -> tf.data.Dataset:
-    """FULL-SENTENCES / DOC-SENTENCES rows (no sentence label); DOC-SENTENCES packed."""
+    """One pass of FULL-SENTENCES / DOC-SENTENCES rows (no sentence label); DOC-SENTENCES packed.
+
+    The scans start empty and a flush element after the pass's last sentence (and last
+    example) emits the open row, so no row spans two passes and a pass's rows depend only
+    on its documents.
+    """
     length = config.max_seq_length
     cross = config.format == "full_sentences"
     ds = docs.flat_map(lambda doc: tf.data.Dataset.from_tensor_slices(instances.split_sentences(doc)))
+    ds = ds.concatenate(tf.data.Dataset.from_tensor_slices(instances.flush_sentences()))
     fill = functools.partial(
         instances.fill_step, max_tokens=length - 2, cross_documents=cross, sep_id=vocab.sep_id
     )
@@ -364,6 +418,7 @@ def _filled_rows(docs, config, vocab, mask) -> tf.data.Dataset:
 
     ds = ds.map(single, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if not cross:
+        ds = ds.concatenate(tf.data.Dataset.from_tensors(instances.flush_example(length)))
         pack = functools.partial(instances.pack_step, max_seq_length=length, pad_id=vocab.pad_id)
         ds = ds.scan(instances.pack_initial_state(length), pack).filter(_was_emitted).map(_emitted)
 

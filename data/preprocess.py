@@ -9,14 +9,23 @@ so static vs dynamic masking, sequence length and the input format stay run opti
     sentence_lengths  int64 list   tokens per sentence (all > 0)
     doc_id            int64        position of the document in the corpus (unique)
 
-Documents go to `train-?????-of-?????.tfrecord` round-robin, or to
-`eval-?????-of-?????.tfrecord` when `corpora.is_heldout` says so. The tokenizer is
+Documents go to `train-?????-of-?????.tfrecord`, or to `eval-?????-of-?????.tfrecord`
+when `corpora.is_heldout` says so. Shard and order within the shard come from a seeded
+hash of the document's text (`--shuffle_seed`): every shard is a random sample of the
+corpus in random order, as the original shuffles all documents before making instances
+(google-research/bert create_pretraining_data.py: `rng.shuffle(all_documents)`). Without
+it a shard holds the corpus in order, and a pipeline reading a few shards at a time with
+a bounded shuffle buffer sees one region of the corpus (one source) per batch. The tokenizer is
 copied to `OUTPUT/tokenizer/` and `OUTPUT/manifest.json` (written last, so its presence
 means the output is complete) records the tokenizer identity, vocab size, special ids,
 counts and a fingerprint of the inputs. Re-running with the same inputs is a no-op.
 
 Tokenization runs in `--num_workers` processes (with one, in this process); the reader
 keeps at most a few batches in flight, so memory stays bounded whatever the corpus size.
+Documents are first written to `*.tfrecord.unsorted` files in corpus order, each record
+prefixed with its order key; then each shard is read back, sorted by key and written
+(one shard in memory per worker: corpus size / --num_shards). The output depends only on
+the inputs and options, never on --num_workers.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import struct
 import sys
 import time
 from typing import Iterator, Sequence
@@ -40,6 +50,10 @@ from core.errors import UserError
 from data import corpora, shards, tokenizers
 
 _BATCH_DOCUMENTS = 64
+_UNSORTED = ".unsorted"
+# A record of an unsorted shard: big-endian (order key, doc_id), then the document record.
+# Sorting records as bytes sorts by (key, doc_id): duplicate texts keep corpus order.
+_KEY = struct.Struct(">QQ")
 
 
 class PreprocessError(UserError):
@@ -82,29 +96,57 @@ def _init_worker(tokenizer_path: str) -> None:
 
 def _tokenize_batch(batch: Sequence[tuple[int, list[str]]]) -> list[tuple[int, list[list[int]], int]]:
     """Tokenizes documents in a worker. Returns (doc_id, sentences' ids, empty sentences dropped)."""
-    flat = [s for _, sentences in batch for s in sentences]
-    encoded = iter(_worker_tokenizer.encode_batch(flat))
+    # encode_documents, not each sentence alone: byte-level BPE gives a sentence after the
+    # first its joining space ("ĠThe"), as fairseq encodes whole lines.
+    encoded = _worker_tokenizer.encode_documents([sentences for _, sentences in batch])
     out = []
-    for doc_id, sentences in batch:
-        ids = [next(encoded) for _ in sentences]
+    for (doc_id, _), ids in zip(batch, encoded):
         kept = [s for s in ids if s]
         out.append((doc_id, kept, len(ids) - len(kept)))
     return out
 
 
+def order_key(doc: corpora.Document, shuffle_seed: int) -> tuple[int, int]:
+    """(shard key, order key): two 64-bit ints from the sha256 of the seed and the text.
+
+    A pure function of the document, so shard and position do not depend on the corpus
+    order, the batching or the number of workers; the shard is `shard key % num_shards`.
+    """
+    text = f"{shuffle_seed}\n" + "\n".join(doc.sentences)
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:16], "big")
+
+
 def _document_batches(
-    corpus: str, eval_fraction: float, corpus_kwargs: dict
-) -> Iterator[tuple[list[tuple[int, list[str]]], list[bool], list[str]]]:
-    batch, heldout, sources = [], [], []
+    corpus: str, eval_fraction: float, shuffle_seed: int, corpus_kwargs: dict
+) -> Iterator[tuple[list[tuple[int, list[str]]], list[bool], list[str], list[tuple[int, int]]]]:
+    """Batches of (doc_id, sentences) with per-document held-out flag, source and order_key."""
+    batch, heldout, sources, keys = [], [], [], []
     for doc_id, doc in enumerate(corpora.iter_documents(corpus, **corpus_kwargs)):
         batch.append((doc_id, list(doc.sentences)))
         heldout.append(corpora.is_heldout(doc, eval_fraction))
         sources.append(doc.source)
+        keys.append(order_key(doc, shuffle_seed))
         if len(batch) == _BATCH_DOCUMENTS:
-            yield batch, heldout, sources
-            batch, heldout, sources = [], [], []
+            yield batch, heldout, sources, keys
+            batch, heldout, sources, keys = [], [], [], []
     if batch:
-        yield batch, heldout, sources
+        yield batch, heldout, sources, keys
+
+
+def _sort_shard(path: str) -> str:
+    """Rewrites PATH.unsorted as PATH: its documents sorted by order key, prefixes removed.
+
+    Holds one shard in memory (the records as bytes). Returns PATH.
+    """
+    unsorted = path + _UNSORTED
+    records = list(tf.data.TFRecordDataset(unsorted).as_numpy_iterator())
+    records.sort(key=lambda record: record[: _KEY.size])
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in records:
+            writer.write(record[_KEY.size :])
+    tf.io.gfile.remove(unsorted)
+    return path
 
 
 def preprocess(
@@ -117,6 +159,7 @@ def preprocess(
     eval_fraction: float = 0.02,
     num_workers: int | None = None,
     max_single_sentence_fraction: float = 0.5,
+    shuffle_seed: int = 0,
     overwrite: bool = False,
     corpus_kwargs: dict | None = None,
     log=print,
@@ -128,6 +171,7 @@ def preprocess(
         num_shards=num_shards,
         num_eval_shards=num_eval_shards,
         eval_fraction=eval_fraction,
+        order=f"sha256-sorted:{shuffle_seed}",  # shards written in corpus order need --overwrite
         **{k: str(v) for k, v in corpus_kwargs.items()},
     )
     fingerprint = _fingerprint(corpus, tokenizer.identity(), options)
@@ -148,20 +192,23 @@ def preprocess(
 
     start = time.time()
     counts = {"train": num_shards, "eval": num_eval_shards}
-    writers = {
-        split: [tf.io.TFRecordWriter(os.path.join(output, shards.shard_name(split, i, n))) for i in range(n)]
+    paths = {
+        split: [os.path.join(output, shards.shard_name(split, i, n)) for i in range(n)]
         for split, n in counts.items()
     }
+    writers = {split: [tf.io.TFRecordWriter(path + _UNSORTED) for path in paths[split]] for split in counts}
     stats = {split: SplitStats() for split in counts}
-    next_shard = collections.Counter()
+    per_shard = {split: [0] * n for split, n in counts.items()}
     first_single = None
     dropped_sentences = 0
     dropped_documents = 0
     num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
 
-    def write(results, heldout, sources):
+    def write(results, heldout, sources, keys):
         nonlocal first_single, dropped_sentences, dropped_documents
-        for (doc_id, sentences, dropped), is_eval, source in zip(results, heldout, sources):
+        for (doc_id, sentences, dropped), is_eval, source, (shard_key, order) in zip(
+            results, heldout, sources, keys
+        ):
             dropped_sentences += dropped
             if not sentences:
                 dropped_documents += 1
@@ -174,31 +221,40 @@ def preprocess(
             if len(sentences) == 1:
                 s.single_sentence_documents += 1
                 first_single = first_single or source
-            shard = next_shard[split] % counts[split]
-            next_shard[split] += 1
-            writers[split][shard].write(shards.encode_document(doc_id, sentences))
+            prefix = _KEY.pack(order, doc_id)
+            shard = shard_key % counts[split]
+            per_shard[split][shard] += 1
+            writers[split][shard].write(prefix + shards.encode_document(doc_id, sentences))
 
-    batches = _document_batches(corpus, eval_fraction, corpus_kwargs)
+    def close_writers():
+        for split_writers in writers.values():
+            for w in split_writers:
+                w.close()
+
+    batches = _document_batches(corpus, eval_fraction, shuffle_seed, corpus_kwargs)
+    all_paths = [path for split in counts for path in paths[split]]
     if num_workers == 1:  # one worker: this process (a worker process would only add its start-up)
         _init_worker(tokenizer_path)
-        for batch, heldout, sources in batches:
-            write(_tokenize_batch(batch), heldout, sources)
+        for batch, heldout, sources, keys in batches:
+            write(_tokenize_batch(batch), heldout, sources, keys)
+        close_writers()
+        for path in all_paths:
+            _sort_shard(path)
     else:
         with multiprocessing.get_context("spawn").Pool(
             num_workers, initializer=_init_worker, initargs=(tokenizer_path,)
         ) as pool:
             in_flight = collections.deque()
-            for batch, heldout, sources in batches:
-                in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources))
+            for batch, heldout, sources, keys in batches:
+                in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources, keys))
                 if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
-                    result, h, s = in_flight.popleft()
-                    write(result.get(), h, s)
+                    result, *meta = in_flight.popleft()
+                    write(result.get(), *meta)
             while in_flight:
-                result, h, s = in_flight.popleft()
-                write(result.get(), h, s)
-    for split_writers in writers.values():
-        for w in split_writers:
-            w.close()
+                result, *meta = in_flight.popleft()
+                write(result.get(), *meta)
+            close_writers()
+            pool.map(_sort_shard, all_paths, chunksize=1)  # one shard in memory per worker
 
     total = stats["train"].documents + stats["eval"].documents
     if stats["train"].documents < 2:
@@ -206,6 +262,15 @@ def preprocess(
             f"corpus '{corpus}' gives {stats['train'].documents} training document(s) after tokenization: "
             "the NSP objective needs at least 2 documents (blank line between documents in text files)"
         )
+    for split, documents in per_shard.items():
+        # Shards are filled by hash, not in turn: with few documents per shard one can stay
+        # empty, and a host whose files are all empty would wait forever for data.
+        if stats[split].documents and 0 in documents:
+            raise PreprocessError(
+                f"{split} shard {documents.index(0)} of {counts[split]} got none of the "
+                f"{stats[split].documents} {split} documents (shards are filled by a hash): "
+                f"use fewer shards (--num_shards / --num_eval_shards)"
+            )
     if eval_fraction > 0 and stats["eval"].documents == 0:
         raise PreprocessError(
             f"no held-out documents among {total}: "
@@ -286,6 +351,12 @@ def build_parser():
     parser.add_argument(
         "--max_line_chars", type=int, default=100_000, help="a longer line in a text corpus is an error"
     )
+    parser.add_argument(
+        "--shuffle_seed",
+        type=int,
+        default=0,
+        help="seed of the document order: shard and position come from a hash of the seed and the text",
+    )
     parser.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir for --corpus=tfds:NAME")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace shards made from other inputs in --output"
@@ -307,6 +378,7 @@ def _run(args) -> None:
         num_workers=args.num_workers,
         overwrite=args.overwrite,
         max_single_sentence_fraction=args.max_single_sentence_fraction,
+        shuffle_seed=args.shuffle_seed,
         corpus_kwargs=corpus_kwargs,
     )
 

@@ -3,7 +3,8 @@
 
 A preprocessed directory holds:
 
-    train-00000-of-00008.tfrecord ...   documents for training (one tf.train.Example each)
+    train-00000-of-00008.tfrecord ...   documents for training (one tf.train.Example each;
+                                        a random sample of the corpus in a random order)
     eval-00000-of-00001.tfrecord        held-out documents
     tokenizer/                          the tokenizer that made the ids
     manifest.json                       written last: its presence means the shards are complete
@@ -28,6 +29,7 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from core.errors import UserError
+from data import masking
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -61,6 +63,9 @@ class Vocab:
     pair_format: "bert" or "roberta" when the manifest names it (a top-level
     `pair_format`, or one in the tokenizer's identity), else None
     (PipelineConfig.pair_format or "bert" decides).
+    random_exclude_ids: ids MLM's random replacement never draws, from the tokenizer's kind
+    (`masking.random_exclude_ids`: RoBERTa's byte-level BPE excludes <s> <pad> </s> <unk>,
+    as fairseq; BERT and ALBERT draw from the whole vocab).
     """
 
     size: int
@@ -69,6 +74,7 @@ class Vocab:
     sep_id: int
     mask_id: int
     pair_format: str | None = None
+    random_exclude_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +112,7 @@ class Manifest:
             sep_id=ids["sep"],
             mask_id=ids["mask"],
             pair_format=self.fields.get("pair_format") or self.tokenizer.get("pair_format"),
+            random_exclude_ids=masking.random_exclude_ids(self.tokenizer.get("kind"), ids),
         )
 
     def files(self, split: str) -> list[str]:

@@ -12,7 +12,7 @@ WordPiece
 (BasicTokenizer + WordpieceTokenizer): clean control characters, space out CJK
 characters, lowercase and strip accents when uncased, split on whitespace and
 punctuation, then greedy longest-match-first wordpieces with "##" continuations, and
-"[UNK]" for a word with no segmentation or longer than 100 characters. Special tokens
+"[UNK]" for a word with no segmentation or longer than 200 characters. Special tokens
 written in the text (e.g. "[MASK]") are *not* recognised, exactly as in the original.
 
 Byte-level BPE (`ByteLevelBPETokenizer`): GPT-2's byte-level BPE as RoBERTa uses it; see
@@ -68,6 +68,10 @@ CONFIG_FILE = "tokenizer_config.json"
 _RESERVED_TOKEN = re.compile(r"\[[^\]]*\]")
 
 
+# google-research/bert tokenization.py: a longer word is one [UNK].
+_BERT_MAX_INPUT_CHARS_PER_WORD = 200
+
+
 class TokenizerError(UserError):
     """A user-facing problem with a tokenizer or vocab file (one line)."""
 
@@ -102,6 +106,12 @@ class Tokenizer(typing.Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`[encode(t) for t in texts]`, faster (the library's parallel batch path)."""
+
+    def encode_documents(self, documents: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+        """Token ids of every sentence of every document ([document][sentence] -> ids), as the
+        sentences stand in the document's running text: concatenated, a document's sentence
+        ids equal `encode(" ".join(sentences))` (for stripped, non-empty sentences).
+        Pretraining data is encoded this way (data/preprocess.py)."""
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`: subword pieces joined, padding skipped."""
@@ -154,8 +164,9 @@ def pair_inputs(
 
 class _VocabTable:
     """The `Tokenizer` members every backend shares: a token list (`_tokens`, id -> token),
-    its inverse (`_vocab`), and the special tokens' names in `_SPECIAL_TOKENS` (pad, unk,
-    cls, sep, mask), which each backend names differently."""
+    its inverse (`_vocab`), the special tokens' names in `_SPECIAL_TOKENS` (pad, unk,
+    cls, sep, mask), which each backend names differently, and `encode_documents` over the
+    backend's `encode_batch` and `_sentence_texts`."""
 
     _SPECIAL_TOKENS: tuple[str, str, str, str, str]
     _tokens: list[str]
@@ -196,6 +207,18 @@ class _VocabTable:
 
     def token_to_id(self, token: str) -> int | None:
         return self._vocab.get(token)
+
+    def encode_documents(self, documents: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+        """`Tokenizer.encode_documents`: one `encode_batch` over all sentences, regrouped."""
+        encoded = iter(self.encode_batch([t for doc in documents for t in self._sentence_texts(doc)]))
+        return [[next(encoded) for _ in doc] for doc in documents]
+
+    @staticmethod
+    def _sentence_texts(sentences: Sequence[str]) -> list[str]:
+        """The text each sentence of one document is encoded from. WordPiece and SentencePiece
+        split at whitespace before anything else, so a sentence alone gives the same pieces as
+        in the joined text (SentencePiece's dummy prefix is the "▁" the joining space becomes)."""
+        return list(sentences)
 
 
 class WordPieceTokenizer(_VocabTable):
@@ -324,7 +347,10 @@ class WordPieceTokenizer(_VocabTable):
 
 def _bert_pipeline(vocab: dict[str, int], lowercase: bool, strip_accents: bool) -> hf_tokenizers.Tokenizer:
     """A `tokenizers.Tokenizer` doing what BERT's FullTokenizer does (module docstring)."""
-    tokenizer = hf_tokenizers.Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
+    # 200: google-research/bert tokenization.py `WordpieceTokenizer(max_input_chars_per_word=200)`
+    # (the tokenizers library's default is 100, which makes 101..200-character words [UNK]).
+    model = models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=_BERT_MAX_INPUT_CHARS_PER_WORD)
+    tokenizer = hf_tokenizers.Tokenizer(model)
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
     )
@@ -395,9 +421,13 @@ class ByteLevelBPETokenizer(_VocabTable):
 
     Text is split with GPT-2's regex (a word keeps its leading space, which the byte-level
     alphabet writes "Ġ"), mapped byte by byte onto 256 printable characters, and merged by
-    rank as in `merges.txt`. Every byte is in the vocab, so no text is `<unk>`. Special tokens
-    written in the text (e.g. "<mask>") are *not* recognised, as in fairseq's preprocessing
-    (HF's RobertaTokenizer matches "<mask>" with lstrip; nothing here feeds it such text).
+    rank as in `merges.txt`. Every byte is in the vocab, so no text is `<unk>`.
+    `encode_documents` (pretraining data) encodes a document's sentences after the first with
+    their joining space ("end. The" -> ... "." "ĠThe"), as fairseq encodes a whole line
+    (examples/roberta/multiprocessing_bpe_encoder.py); `encode` adds no space, as fairseq and
+    HF encode a GLUE text. Special tokens written in the text (e.g. "<mask>") are *not*
+    recognised, as in fairseq's preprocessing (HF's RobertaTokenizer matches "<mask>" with
+    lstrip; nothing here feeds it such text).
     Specials: cls=`<s>`, sep=`</s>`, pad=`<pad>`, unk=`<unk>`, mask=`<mask>`.
     """
 
@@ -485,10 +515,18 @@ class ByteLevelBPETokenizer(_VocabTable):
         pad = self.pad_id
         return self._tokenizer.decode([int(i) for i in ids if i != pad], skip_special_tokens=False)
 
+    @staticmethod
+    def _sentence_texts(sentences: Sequence[str]) -> list[str]:
+        """Sentences after the first get the space that joins them to the one before: the
+        byte-level pre-tokenizer keeps a word's leading space ("ĠThe"), and GPT-2's regex never
+        matches across it, so the concatenated ids are those of the joined text."""
+        return [" " + s if i and s else s for i, s in enumerate(sentences)]
+
     def word_start_mask(self) -> np.ndarray:
         """bool [vocab_size]: True for a token starting with "Ġ" (a leading space) and for the 5
         special tokens, as fairseq's `get_whole_word_mask` (specials, then `is_beginning_of_word`).
-        So the first word of a sentence, which has no leading space, continues the token before."""
+        So the first word of a document (or of a text given to `encode`), which has no leading
+        space, continues the token before it (after <s>: a new word, data/masking.py)."""
         mask = np.array([t.startswith(_GPT2_WORD_START) for t in self._tokens], dtype=bool)
         mask[[self._vocab[t] for t in BPE_SPECIAL_TOKENS]] = True
         return mask
@@ -537,7 +575,8 @@ def train_bpe(
             f"vocab_size {vocab_size} is too small: byte-level BPE needs more than {smallest} "
             "(5 specials + 256 bytes)"
         )
-    counter = _SentenceCounter(documents)
+    # Trained on the texts `encode_documents` encodes, so "ĠThe" is counted where it will occur.
+    counter = _SentenceCounter(ByteLevelBPETokenizer._sentence_texts(doc) for doc in documents)
     tokenizer = hf_tokenizers.Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     trainer = trainers.BpeTrainer(
@@ -584,8 +623,23 @@ SP_CONTROL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
 # ALBERT's spm_train flags for 30k-clean.model (google-research/albert README).
 SP_USER_SYMBOLS = ("(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac")
 _SPIECE_UNDERLINE = "\u2581"
-# A lone piece that ALBERT's `_is_start_piece` (create_pretraining_data.py) counts as a word start.
-_ALBERT_START_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
+# google-research/albert create_pretraining_data.py `_is_start_piece_sp`: its `special_pieces`
+# (ASCII punctuation without ' < = >; its "€" and "£" are added as UTF-8 bytes, which a str
+# piece never equals in Python 3, so they count through the non-a-z rule below instead).
+_ALBERT_SPECIAL_PIECES = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
+_ALBERT_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz") | _ALBERT_SPECIAL_PIECES
+
+
+def _is_albert_start_piece(piece: str) -> bool:
+    """ALBERT's `_is_start_piece_sp`, exactly: a piece starting with "▁" or "<", a lone special
+    punctuation piece, or a piece with any character outside a-z (after lower()) and that
+    punctuation: digits, "'", "=", accented and non-Latin letters ("For foreign characters, we
+    always treat them as a whole piece"). So "▁19" "87" and "▁don" "'" "t" are 2 and 3 words."""
+    return (
+        piece.startswith((_SPIECE_UNDERLINE, "<"))
+        or piece in _ALBERT_SPECIAL_PIECES
+        or not all(c.lower() in _ALBERT_WORD_CHARS for c in piece)
+    )
 
 
 def albert_preprocess(text: str, lowercase: bool) -> str:
@@ -676,19 +730,12 @@ class SentencePieceTokenizer(_VocabTable):
         return self._sp.decode([int(i) for i in ids if i != pad])
 
     def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: ALBERT's `_is_start_piece` — True for a piece starting with "▁" or
-        "<" (<pad>, <unk>) or a lone ASCII punctuation piece (",", "(", ...), and for
-        [CLS], [SEP], [MASK]."""
-        mask = np.array(
-            [
-                t.startswith((_SPIECE_UNDERLINE, "<"))
-                or t in _ALBERT_START_PUNCTUATION
-                or t in SP_CONTROL_SYMBOLS
-                for t in self._tokens
-            ],
-            dtype=bool,
+        """bool [vocab_size]: ALBERT's `_is_start_piece_sp` (`_is_albert_start_piece`) for every
+        piece, and True for [CLS], [SEP], [MASK] (ALBERT's masking treats [CLS]/[SEP] as
+        boundaries before asking the rule, which would say "[CLS]" continues a word)."""
+        return np.array(
+            [_is_albert_start_piece(t) or t in SP_CONTROL_SYMBOLS for t in self._tokens], dtype=bool
         )
-        return mask
 
     def identity(self) -> dict:
         """{"kind": "sentencepiece", "vocab_size", "lowercase", "pair_format": "bert", "model_sha256"}."""

@@ -1,15 +1,22 @@
-"""The fine-tuning model: the pretrained encoder and a head on the pooled [CLS].
+"""The fine-tuning model: the pretrained encoder and the model family's classification head.
 
-As google-research/bert `run_classifier.py` (`create_model`): pooled output (the
-pretrained pooler, dense + tanh on the first token) -> dropout 0.1 -> dense to the
-classes (or to one score for STS-B regression, as HF's BertForSequenceClassification).
+`EncoderConfig.classifier_head` (set by the family's model files, saved in the workdir):
+  "pooler" (BERT, ALBERT): as google-research/bert `run_classifier.py` (`create_model`),
+    pooled output (the pretrained pooler, dense + tanh on the first token) -> dropout ->
+    dense to the classes (or to one score for STS-B regression, as HF's
+    BertForSequenceClassification).
+  "roberta": fairseq's RobertaClassificationHead (as HF's): first token -> dropout ->
+    dense H -> tanh -> dropout -> dense to the classes. The dense layer is new: RoBERTa
+    pretrains no pooler.
 
-Parameter tree: `encoder` (models/encoder.py, loaded from the pretrained workdir) and
+Parameter tree: `encoder` (models/encoder.py, loaded from the pretrained workdir; with a
+pooler only for the "pooler" head), `classifier_dense/{kernel, bias}` ("roberta" only) and
 `classifier/{kernel, bias}` (new, truncated normal 0.02 / zeros).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +29,7 @@ from flax import traverse_util
 
 from core import axes
 from core.errors import UserError
-from models.encoder import Encoder, EncoderConfig, bias_init, kernel_init
+from models.encoder import Encoder, EncoderConfig, bias_init, dense, kernel_init
 
 log = logging.getLogger("finetune")
 
@@ -32,7 +39,8 @@ class PretrainedWeightsError(UserError):
 
 
 class ClassifierModel(nn.Module):
-    """Encoder + dropout + dense on the pooled [CLS]; `num_outputs` = classes, or 1 for regression."""
+    """Encoder + the family's head (`config.classifier_head`); `num_outputs` = classes, or 1
+    for regression."""
 
     config: EncoderConfig
     num_outputs: int
@@ -45,10 +53,19 @@ class ClassifierModel(nn.Module):
         Returns [B, num_outputs] float32 logits (or [B, 1] scores).
         """
         cfg = self.config
-        encoded = Encoder(cfg, name="encoder")(
+        uses_pooler = cfg.classifier_head == "pooler"
+        encoded = Encoder(dataclasses.replace(cfg, pooler=uses_pooler), name="encoder")(
             batch["input_ids"], batch["input_mask"], batch["segment_ids"], deterministic=deterministic
         )
-        pooled = nn.Dropout(self.classifier_dropout_rate)(encoded.pooled_output, deterministic=deterministic)
+        dropout = nn.Dropout(self.classifier_dropout_rate)
+        if uses_pooler:
+            features = encoded.pooled_output
+        else:  # "roberta"
+            first = dropout(encoded.sequence_output[:, 0], deterministic=deterministic)
+            features = jnp.tanh(
+                dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="classifier_dense")(first)
+            )
+        features = dropout(features, deterministic=deterministic)
         # A few thousand FLOPs per example: run in float32, like the loss it feeds.
         return nn.Dense(
             self.num_outputs,
@@ -57,16 +74,18 @@ class ClassifierModel(nn.Module):
             kernel_init=kernel_init(cfg, (axes.EMBED, None)),
             bias_init=bias_init((None,)),
             name="classifier",
-        )(pooled)
+        )(features)
 
 
 def load_encoder(params: Any, pretrained: Mapping[str, Any], shardings: Any) -> Any:
     """`params` (the freshly initialised, sharded fine-tuning tree) with `encoder` replaced
     by the pretrained encoder, each array placed with its sharding.
 
-    The pooler is taken from pretraining when the checkpoint has one (ours always do; an
-    imported model without one keeps its fresh pooler, with a log line). Any other
-    missing or differently shaped encoder parameter is an error.
+    The pooler is taken from pretraining when the head reads it and the checkpoint has
+    one (an imported model without one keeps its fresh pooler, with a log line); a
+    pretrained pooler that the head does not read (RoBERTa's head, on a checkpoint of a
+    RoBERTa-with-NSP ablation arm) is left out, with a log line. Any other missing,
+    unused or differently shaped encoder parameter is an error.
     """
     source = traverse_util.flatten_dict(pretrained["encoder"])
     target = traverse_util.flatten_dict(params["encoder"])
@@ -89,6 +108,9 @@ def load_encoder(params: Any, pretrained: Mapping[str, Any], shardings: Any) -> 
             )
         loaded[path] = jax.device_put(value.astype(fresh.dtype), target_shardings[path])
     unused = sorted("/".join(p) for p in source if p not in target)
+    if unused and all(name.startswith("pooler/") for name in unused):
+        log.info("the classifier head does not read the pretrained pooler: left out")
+        unused = []
     if unused:
         raise PretrainedWeightsError(f"pretrained encoder parameters the model does not use: {unused[:5]}")
     return {**params, "encoder": traverse_util.unflatten_dict(loaded)}

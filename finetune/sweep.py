@@ -50,9 +50,13 @@ class Grid:
       warmup_ratio: linear warmup over this fraction of the steps, then linear decay to 0.
       max_seq_length: tokens per example, [CLS] and [SEP]s included.
       dropout_rate: the encoder's hidden and attention dropout while fine-tuning (ALBERT v2: 0).
-      classifier_dropout_rate: dropout on the pooled output before the classifier (0.1 in
-        BERT, RoBERTa and ALBERT alike).
+      classifier_dropout_rate: the head's dropout (finetune/model.py): before the classifier
+        (0.1 in BERT and ALBERT); RoBERTa's head has it before and after its dense layer
+        (fairseq's --pooler-dropout, 0 in configs/glue/roberta.gin).
       weight_decay, adam_b1, adam_b2, adam_eps, clip_norm: AdamW (RoBERTa: wd 0.1, b2 0.98).
+      schedule: the decay form after warmup, "bert" (over the whole run, as BERT's
+        run_classifier.py) or "fairseq" (from the peak at the end of warmup; RoBERTa).
+      decay_all_parameters: weight decay on biases and LayerNorm too (fairseq; RoBERTa).
     """
 
     learning_rates: tuple[float, ...] = (5e-5, 4e-5, 3e-5, 2e-5)
@@ -68,6 +72,8 @@ class Grid:
     adam_b2: float = 0.999
     adam_eps: float = 1e-6
     clip_norm: float | None = 1.0
+    schedule: str = "bert"
+    decay_all_parameters: bool = False
 
     def __post_init__(self):
         for name in ("learning_rates", "batch_sizes", "num_epochs", "seeds"):
@@ -85,7 +91,15 @@ class Grid:
 
     @property
     def optimizer(self) -> OptimizerConfig:
-        return OptimizerConfig(self.weight_decay, self.adam_b1, self.adam_b2, self.adam_eps, self.clip_norm)
+        return OptimizerConfig(
+            weight_decay=self.weight_decay,
+            b1=self.adam_b1,
+            b2=self.adam_b2,
+            eps=self.adam_eps,
+            clip_norm=self.clip_norm,
+            schedule=self.schedule,
+            decay_all_parameters=self.decay_all_parameters,
+        )
 
 
 def task_grid(task: Task) -> Grid:

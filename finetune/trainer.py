@@ -168,13 +168,16 @@ def predict_step(params, batch, *, model):
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """The parts of AdamW that stay fixed across a grid (BERT: b2 0.999; RoBERTa: 0.98)."""
+    """The parts of AdamW that stay fixed across a grid (BERT: b2 0.999; RoBERTa: 0.98,
+    fairseq's schedule form, weight decay on every parameter; see core/optim.py)."""
 
     weight_decay: float = 0.01
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-6
     clip_norm: float | None = 1.0
+    schedule: str = "bert"
+    decay_all_parameters: bool = False
 
 
 class TaskSteps:
@@ -193,10 +196,7 @@ class TaskSteps:
         config.check_length(max_seq_length, "Grid.max_seq_length")
         self.partitioner, self.task = partitioner, task
         self.model = ClassifierModel(config, task.num_outputs, classifier_dropout_rate)
-        oc = optimizer_config
-        self._make_optimizer = optim.grid_adamw(
-            b1=oc.b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay, clip_norm=oc.clip_norm
-        )
+        self._make_optimizer = optim.grid_adamw(**dataclasses.asdict(optimizer_config))
         # Any grid point's transformation has the same update; the values come from the state.
         optimizer = self._make_optimizer(learning_rate=0.0, warmup_steps=0, total_steps=1)
         example = {

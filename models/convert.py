@@ -358,7 +358,7 @@ def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, fram
 
 def our_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
     """Shape of every array of the full PretrainingModel (with NSP head); allocates nothing."""
-    tree = nn.meta.unbox(abstract_params(config, sentence_head=True))
+    tree = nn.meta.unbox(abstract_params(dataclasses.replace(config, pooler=True), sentence_head=True))
     return {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
 
 
@@ -522,8 +522,13 @@ def hf_config_to_ours(hf: Mapping[str, Any], where: str) -> tuple[ModelFormat, E
 
 
 def tf_config_to_ours(tf_config: Mapping[str, Any], albert: bool, where: str) -> EncoderConfig:
-    """EncoderConfig of a bert_config.json / albert_config.json. Their "gelu" is the tanh
-    approximation (google-research/bert and /albert modeling.py)."""
+    """EncoderConfig of a bert_config.json / albert_config.json.
+
+    Their "gelu" is the exact erf form for BERT (google-research/bert's modeling.py when the
+    released checkpoints were trained; it took the tanh approximation only later, and HF's
+    converted BERT checkpoints say "gelu" = erf) and the tanh approximation for ALBERT
+    (google-research/albert modeling.py; HF's albert configs say "gelu_new").
+    """
     name = "albert_config.json" if albert else "bert_config.json"
     act = tf_config.get("hidden_act", "gelu")
     if act != "gelu":
@@ -533,7 +538,7 @@ def tf_config_to_ours(tf_config: Mapping[str, Any], albert: bool, where: str) ->
     if albert:
         extra.update(_albert_options(tf_config, where, name))
     fields = {"type_vocab_size": 16, **tf_config}  # modeling.py's BertConfig default
-    return _encoder_config(fields, "gelu_tanh", where, name, **extra)
+    return _encoder_config(fields, "gelu_tanh" if albert else "gelu", where, name, **extra)
 
 
 def format_of(config: EncoderConfig) -> ModelFormat:
@@ -719,6 +724,10 @@ def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str,
                     "(our decoder is the word embedding matrix)"
                 )
             used.add(copy)
+    if fmt is ROBERTA:
+        # The family's fine-tuning head (fairseq's RobertaClassificationHead); a pooler only
+        # when the folder has one (RobertaModel does, RobertaForMaskedLM not).
+        config = dataclasses.replace(config, pooler="pooler" in groups, classifier_head="roberta")
     ignored = sorted(k for k in tensors if k not in used and not k.endswith("position_ids"))
     if ignored:
         log.warning(

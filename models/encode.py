@@ -19,6 +19,7 @@ HF transformers' outputs, so parity with another implementation is one np.abs(a 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import sys
@@ -47,22 +48,15 @@ def has_pooler(params: Mapping[str, Any]) -> bool:
     return "pooler" in params["encoder"]
 
 
-def encoder_params(config: EncoderConfig, params: Mapping[str, Any]) -> dict[str, Any]:
-    """params["encoder"], with a zero pooler when the model has none (its output is then unused)."""
-    encoder = dict(params["encoder"])
-    if "pooler" not in encoder:
-        h = config.hidden_size
-        encoder["pooler"] = {"kernel": np.zeros((h, h), np.float32), "bias": np.zeros((h,), np.float32)}
-    return encoder
-
-
 @functools.partial(jax.jit, static_argnums=0)
 def encode_arrays(
     config: EncoderConfig, params: Any, input_ids: jax.Array, input_mask: jax.Array, segment_ids: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """The encoder's outputs: ([B, L, H], [B, H]) float32 for [B, L] int32 inputs; no dropout."""
+) -> tuple[jax.Array, jax.Array | None]:
+    """The encoder's outputs: ([B, L, H], [B, H] or None without a pooler) float32 for
+    [B, L] int32 inputs; no dropout."""
     out = Encoder(config).apply({"params": params}, input_ids, input_mask, segment_ids, deterministic=True)
-    return out.sequence_output.astype(jnp.float32), out.pooled_output.astype(jnp.float32)
+    pooled = None if out.pooled_output is None else out.pooled_output.astype(jnp.float32)
+    return out.sequence_output.astype(jnp.float32), pooled
 
 
 def build_inputs(
@@ -94,8 +88,9 @@ def encode(
 ) -> dict[str, np.ndarray]:
     """`inputs` (from build_inputs) plus last_hidden_state [n, L, H] and, with a pooler,
     pooled_output [n, H], float32. The last batch is padded to `batch_size` (one compilation)."""
-    config = pretrained.config
-    params = encoder_params(config, pretrained.params)
+    # Whether the parameters have a pooler decides (an imported BertForMaskedLM has none).
+    config = dataclasses.replace(pretrained.config, pooler=has_pooler(pretrained.params))
+    params = pretrained.params["encoder"]
     n = len(inputs["input_ids"])
     sequences, pooled = [], []
     for start in range(0, n, batch_size):
@@ -106,9 +101,10 @@ def encode(
             config, params, chunk["input_ids"], chunk["attention_mask"], chunk["token_type_ids"]
         )
         sequences.append(np.asarray(seq)[:rows])
-        pooled.append(np.asarray(pool)[:rows])
+        if config.pooler:
+            pooled.append(np.asarray(pool)[:rows])
     out = {**inputs, "last_hidden_state": np.concatenate(sequences)}
-    if has_pooler(pretrained.params):
+    if config.pooler:
         out["pooled_output"] = np.concatenate(pooled)
     return out
 

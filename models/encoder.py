@@ -55,11 +55,15 @@ from core import axes
 from core.errors import ConfigError
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    # HF configs' "gelu" is the exact erf form; google-research/bert used the tanh form.
+    # HF configs' "gelu" is the exact erf form. google-research/bert's modeling.py used erf
+    # when BERT's checkpoints were trained and released (2018) and switched to the tanh
+    # approximation later; google-research/albert's modeling.py has the tanh form (HF albert
+    # configs say "gelu_new"). models/convert.py imports each TF config accordingly.
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
+CLASSIFIER_HEADS = ("pooler", "roberta")
 _ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
 # Cross-layer parameter sharing (ALBERT, arXiv 1909.11942 Table 4): which sub-blocks
 # all layers share. See the module docstring for the parameter trees.
@@ -86,8 +90,8 @@ class EncoderConfig:
     Attributes:
       dropout_rate: hidden dropout (embeddings, attention output, FFN output).
       attention_dropout_rate: dropout on the attention probabilities.
-      hidden_act: "gelu" (exact erf GELU, HF "gelu") or "gelu_tanh" (the tanh
-        approximation of google-research/bert modeling.py).
+      hidden_act: "gelu" (exact erf GELU: HF "gelu", the released BERT checkpoints) or
+        "gelu_tanh" (the tanh approximation: ALBERT, HF "gelu_new").
       initializer_range: stddev of the truncated normal for kernels and embeddings.
       dtype: compute dtype ("float32", "bfloat16", "float16").
       param_dtype: storage dtype of the parameters.
@@ -106,6 +110,14 @@ class EncoderConfig:
       position_offset: added to every position id before the position-embedding lookup.
         RoBERTa (fairseq, HF) numbers positions from padding_idx + 1 = 2, so its table
         has max_position_embeddings = 514 rows of which rows 0 and 1 are never read.
+      pooler: the encoder ends with BERT's pooler (dense + tanh on the first token),
+        which BERT's and ALBERT's classifiers read. RoBERTa has none (fairseq trains no
+        pooler; its classifier brings a fresh dense layer). A pretraining model with a
+        sentence objective (NSP/SOP) builds it whatever this says.
+      classifier_head: the family's fine-tuning head, one of CLASSIFIER_HEADS
+        (finetune/model.py): "pooler" (BERT, ALBERT: dropout -> dense on the pooled
+        output) or "roberta" (fairseq's RobertaClassificationHead: dropout -> dense ->
+        tanh -> dropout -> dense on the first token).
       vocab_pad_multiple: the word table and the MLM output bias get `padded_vocab_size`
         rows, vocab_size rounded up to this multiple (128 for TPU lanes / GPU tiles; 1 =
         none), so the [P, E] x [E, V] decoder matmul runs on aligned shapes. The extra
@@ -133,6 +145,8 @@ class EncoderConfig:
     sharing: str = "none"
     position_offset: int = 0
     vocab_pad_multiple: int = 1
+    pooler: bool = True
+    classifier_head: str = "pooler"
 
     def __post_init__(self):
         def fail(name: str, requirement: str) -> None:
@@ -170,6 +184,8 @@ class EncoderConfig:
             fail("sharing", f"one of {SHARING_MODES}")
         if not 0 <= self.position_offset < self.max_position_embeddings:
             fail("position_offset", f"in [0, max_position_embeddings={self.max_position_embeddings})")
+        if self.classifier_head not in CLASSIFIER_HEADS:
+            fail("classifier_head", f"one of {CLASSIFIER_HEADS}")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -237,6 +253,20 @@ def kernel_init(config: EncoderConfig, names: Sequence[str | None]) -> nn.initia
 
 def bias_init(names: Sequence[str | None]) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
+
+
+def _real_rows_only(config: EncoderConfig) -> nn.initializers.Initializer:
+    """BERT's truncated normal for the vocab_size real rows of the word table, zeros for the
+    padding rows (`vocab_pad_multiple`). Padding rows are never looked up and their logits
+    are sliced off, so they get no gradient: zero, they stay zero, and neither weight
+    decay nor LAMB's per-tensor trust ratio ||w|| / ||update|| sees them. The real rows
+    draw the same values as without padding (same key, the first rows of the same draw)."""
+    base = nn.initializers.truncated_normal(config.initializer_range)
+
+    def init(key, shape, dtype=jnp.float32):
+        return base(key, shape, dtype).at[config.vocab_size :].set(0)
+
+    return init
 
 
 def dense(
@@ -424,7 +454,14 @@ class Embeddings(nn.Module):
                 name=name,
             )
 
-        word_embeddings = table(cfg.padded_vocab_size, axes.VOCAB, "word_embeddings")
+        word_embeddings = nn.Embed(
+            cfg.padded_vocab_size,
+            cfg.embedding_width,
+            dtype=jnp.float32,
+            param_dtype=cfg.storage_dtype,
+            embedding_init=nn.with_logical_partitioning(_real_rows_only(cfg), (axes.VOCAB, width_axis)),
+            name="word_embeddings",
+        )
         x = (
             word_embeddings(input_ids)
             + table(cfg.max_position_embeddings, None, "position_embeddings")(positions + cfg.position_offset)
@@ -500,19 +537,20 @@ class EncoderOutput:
 
     Attributes:
       sequence_output: [B, L, H] compute dtype, the last layer's hidden states.
-      pooled_output: [B, H] compute dtype, tanh(dense(first token)).
+      pooled_output: [B, H] compute dtype, tanh(dense(first token)); None when the
+        config has no pooler.
       word_embeddings: [padded V, E] param dtype, the token table (the tied MLM
         decoder; `config.padded_vocab_size` rows).
     """
 
     sequence_output: jax.Array
-    pooled_output: jax.Array
+    pooled_output: jax.Array | None
     word_embeddings: jax.Array
 
 
 class Encoder(nn.Module):
     """Embeddings (projected E -> H if factorized), `num_layers` Transformer layers
-    (parameters shared as `config.sharing` says) and the pooler."""
+    (parameters shared as `config.sharing` says) and, if `config.pooler`, the pooler."""
 
     config: EncoderConfig
 
@@ -574,5 +612,7 @@ class Encoder(nn.Module):
                 attention_owner, ffn_owner = (shared, own) if cfg.sharing == "attention" else (own, shared)
                 x = attention_block(attention_owner, x, mask, deterministic)
                 x = ffn_block(ffn_owner, x, deterministic)
-        pooled = jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(x[:, 0]))
+        pooled = None
+        if cfg.pooler:
+            pooled = jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(x[:, 0]))
         return EncoderOutput(sequence_output=x, pooled_output=pooled, word_embeddings=word_embeddings)

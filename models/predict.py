@@ -10,6 +10,7 @@ then one line per mask: `mask K: token (probability) ...`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -67,11 +68,12 @@ def fill_mask_ids(
             "the workdir has no MLM head (it was imported from a model without one, e.g. BertModel): "
             "fill-mask needs it"
         )
+    # The MLM head does not read the pooler: leave it out, whether the model has one or not.
     params = {
-        "encoder": encode_lib.encoder_params(config, pretrained.params),
+        "encoder": {k: v for k, v in pretrained.params["encoder"].items() if k != "pooler"},
         "mlm_head": pretrained.params["mlm_head"],
     }
-    model = BertPretrainingModel(config, sentence_head=False)
+    model = BertPretrainingModel(dataclasses.replace(config, pooler=False), sentence_head=False)
     # One batch, padded to the longest row and to the most masks of a row: one compilation.
     length = max(len(ids) for ids in rows)
     positions = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in rows]

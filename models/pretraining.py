@@ -7,6 +7,7 @@ Parameter tree top level: `encoder` (models/encoder.py), `mlm_head`, and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,8 @@ from models.heads import MaskedLMHead, SentenceHead
 
 
 class BertPretrainingModel(nn.Module):
-    """Encoder with the MLM head and, if `sentence_head`, the NSP/SOP head."""
+    """Encoder with the MLM head and, if `sentence_head`, the NSP/SOP head (on the pooler,
+    which the encoder then has whatever `config.pooler` says)."""
 
     config: EncoderConfig
     sentence_head: bool = True
@@ -39,7 +41,10 @@ class BertPretrainingModel(nn.Module):
           {"mlm_logits": [B, P, V] float32, "sentence_logits": [B, 2] float32
           (only with the sentence head)}.
         """
-        encoded = Encoder(self.config, name="encoder")(
+        # The sentence head reads the pooler: built whenever there is one, also for a model
+        # without a pooler of its own (RoBERTa's model files, in the NSP arms of its grid).
+        config = dataclasses.replace(self.config, pooler=True) if self.sentence_head else self.config
+        encoded = Encoder(config, name="encoder")(
             batch["input_ids"],
             batch["input_mask"],
             batch["segment_ids"],

@@ -146,9 +146,23 @@ def _run(args) -> None:
     print(f"[2/4] preprocessing -> {data_dir}")
     # One worker (this process): the corpus is small, and worker processes would each
     # spend longer starting than tokenizing.
-    manifest = preprocess.preprocess(
-        "demo", os.path.join(workdir, "tokenizer"), data_dir, num_shards=4, eval_fraction=0.05, num_workers=1
-    )
+    try:
+        manifest = preprocess.preprocess(
+            "demo",
+            os.path.join(workdir, "tokenizer"),
+            data_dir,
+            num_shards=4,
+            eval_fraction=0.05,
+            num_workers=1,
+        )
+    except preprocess.PreprocessError as e:
+        # The shards of an older version (other options): the demo has no --overwrite.
+        stale, sep, _ = e.args[0].partition(": pass --overwrite")
+        if not sep:
+            raise
+        raise preprocess.PreprocessError(
+            f"{stale}: start the demo afresh with `make clean-demo` (rm -rf {workdir})"
+        ) from None
     print(f"[3/4] pretraining {_GIN_FILE} -> {run_dir}")
     cli.parse_gin(
         [_GIN_FILE],

@@ -74,8 +74,9 @@ def train_step(
 
     metrics: the objective's metric sums, plus loss, grad_norm, learning_rate and
     finite (1 when loss and gradient norm are finite). With skip_nonfinite a step where
-    they are not leaves parameters and optimizer state unchanged (the step counter still
-    advances, so data and schedule move on); the host counts the skips.
+    they are not leaves parameters and optimizer moments unchanged (the step counters,
+    ours and optax's, still advance, so data and schedule move on); the host counts the
+    skips.
     """
     keys = stream_keys(jax.random.fold_in(rng, state.step), objective.rng_streams)
     normalizers = objective.normalizers(batch)
@@ -103,7 +104,14 @@ def train_step(
     if skip_nonfinite:
         keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         params = jax.tree.map(keep, params, state.params)
-        opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+        # The moments stay; the integer leaves (optax's step counts: the schedule's, Adam's
+        # bias correction) advance with state.step, so the logged learning rate is the one
+        # applied and the schedule still ends at 0.
+        opt_state = jax.tree.map(
+            lambda new, old: new if jnp.issubdtype(new.dtype, jnp.integer) else keep(new, old),
+            opt_state,
+            state.opt_state,
+        )
     metrics = dict(
         sums,
         loss=loss,

@@ -62,6 +62,7 @@ class Settings:
     checkpoint_every: int
     max_checkpoints: int
     max_skipped_steps: int
+    reset_data_iterator: bool
     phase2_start: int | None
     phase2_pipeline_config: pipeline.PipelineConfig | None
     init_from: str | None
@@ -95,6 +96,7 @@ def run(
     checkpoint_every: int = 1000,
     max_checkpoints: int = 3,
     max_skipped_steps: int = 0,
+    reset_data_iterator: bool = False,
     phase2_start: int | None = None,
     phase2_pipeline_config: pipeline.PipelineConfig | None = None,
     init_from: str | None = None,
@@ -120,6 +122,10 @@ def run(
       max_checkpoints: checkpoints kept (older ones are deleted).
       max_skipped_steps: 0 stops the run at the first step with a non-finite loss or
         gradient norm; k > 0 skips up to k such updates (each logged) before stopping.
+      reset_data_iterator: when the latest checkpoint's data position was saved by another
+        input pipeline (a changed PipelineConfig or pipeline code), restore the model and
+        optimizer state and restart the data stream instead of stopping with an error.
+        The data order then differs from an uninterrupted run's.
       phase2_start, phase2_pipeline_config: BERT's two phases in one run (pretrain/phases.py).
       init_from: a workdir (ours, or `models.convert import`'s) whose parameters start the
         run: continued pretraining. Used only when `workdir` has no checkpoint yet; the
@@ -240,7 +246,9 @@ class Trainer:
             iterators[step] = self.train_iterator(step - 1)
             return iterators[step]
 
-        state, resumed_from = self.ckpt.restore_latest(self.steps.states.abstract, iterator_for)
+        state, resumed_from = self.ckpt.restore_latest(
+            self.steps.states.abstract, iterator_for, reset_iterator=s.reset_data_iterator
+        )
         if resumed_from is not None:
             log.info(
                 "resumed from step %d in %s (phase %d)",

@@ -11,9 +11,11 @@ import sys
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 import pytest
 
 from bench import input_pipeline, report
+from core import optim
 from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import resize_vocab_rows
@@ -168,6 +170,45 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
     np.testing.assert_allclose(
         float(loss(padded_objective, padded)), float(loss(objective, params)), rtol=1e-6
     )
+
+
+def test_padding_rows_start_at_zero_and_lamb_trains_as_without_them():
+    """The padded word table initialises its real rows as the unpadded one and its padding
+    rows to zero, so LAMB's per-tensor trust ratio (||w|| / ||update||) is that of the
+    unpadded model: two LAMB steps give the same real rows either way."""
+    objective, batch = _tiny_model_and_batch()
+    padded_objective, _ = _tiny_model_and_batch(vocab_pad_multiple=128)
+    states = []
+    for obj in (objective, padded_objective):
+        params = nn.meta.unbox(jitted.init(obj.module, jax.random.key(0), batch, deterministic=True))[
+            "params"
+        ]
+        optimizer, _ = optim.lamb(total_steps=10, learning_rate=1e-2, warmup_steps=0)
+
+        @jax.jit
+        def step(params, opt_state, obj=obj, optimizer=optimizer):
+            loss = lambda p: obj.loss(p, batch, {}, obj.normalizers(batch), train=False)[0]  # noqa: E731
+            updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        opt_state = optimizer.init(params)
+        table = params["encoder"]["embeddings"]["word_embeddings"]["embedding"]
+        states.append(np.asarray(table))
+        for _ in range(2):
+            params, opt_state = step(params, opt_state)
+        states.append(params)
+    unpadded_init, unpadded, padded_init, padded = states
+    np.testing.assert_array_equal(padded_init[:300], unpadded_init)
+    assert padded_init.shape == (384, 32) and not np.any(padded_init[300:])
+    np.testing.assert_allclose(
+        resize_vocab_rows(jax.device_get(padded), 300)["encoder"]["embeddings"]["word_embeddings"][
+            "embedding"
+        ],
+        unpadded["encoder"]["embeddings"]["word_embeddings"]["embedding"],
+        rtol=1e-5,
+        atol=1e-7,
+    )
+    assert not np.any(np.asarray(padded["encoder"]["embeddings"]["word_embeddings"]["embedding"])[300:])
 
 
 def _input_pipeline(capsys, *args):

@@ -23,6 +23,7 @@ from safetensors.numpy import load_file
 
 from core import workdir as workdir_files
 from data import tokenizers
+from finetune.model import ClassifierModel
 from models import convert, encode, predict
 from models import pretrained as workdir_lib
 from models.pretraining import BertPretrainingModel
@@ -107,11 +108,12 @@ def _our_outputs(pretrained: workdir_lib.Pretrained, inputs: dict[str, np.ndarra
     params = pretrained.params
     if "mlm_head" in params:
         sentence = "sentence_head" in params
-        model = BertPretrainingModel(pretrained.config, sentence_head=sentence)
+        config = dataclasses.replace(pretrained.config, pooler=encode.has_pooler(params))
+        model = BertPretrainingModel(config, sentence_head=sentence)
         length = batch["input_ids"].shape[1]
         logits = jitted.apply(
             model,
-            {"params": {**params, "encoder": encode.encoder_params(pretrained.config, params)}},
+            {"params": params},
             {
                 "input_ids": batch["input_ids"],
                 "input_mask": batch["attention_mask"],
@@ -340,8 +342,8 @@ def test_tf1_checkpoint_imports_to_the_same_values(bert):
     workdir = str(root / "imported_tf")
     assert convert.main(["import", f"--from=tf:{directory}", f"--workdir={workdir}"]) == 0
     from_tf = workdir_lib.load_pretrained(workdir)
-    # The original code's "gelu" is the tanh approximation.
-    assert from_tf.config.hidden_act == "gelu_tanh"
+    # BERT's released checkpoints were trained with the exact erf GELU (as HF's "gelu").
+    assert from_tf.config.hidden_act == "gelu"
     expected = _flat(workdir_lib.load_pretrained(hf_workdir).params)
     got = _flat(from_tf.params)
     assert got.keys() == expected.keys()
@@ -521,9 +523,10 @@ def test_mapping_table_covers_every_parameter():
 # --- RoBERTa and ALBERT: weights (their tokenizers need backends data/tokenizers.py lacks) ------
 
 
-def _roberta_config() -> transformers.RobertaConfig:
+def _roberta_config(**overrides) -> transformers.RobertaConfig:
     # As published: one token type, pad id 1 (positions count from 2), LayerNorm eps 1e-5.
     return transformers.RobertaConfig(
+        **overrides,
         vocab_size=64,
         hidden_size=32,
         num_hidden_layers=2,
@@ -608,6 +611,38 @@ def test_family_weights_match_transformers_and_round_trip(model_type, architectu
     assert a.keys() == b.keys()
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg="/".join(key))
+
+
+def test_roberta_classification_head_matches_transformers(tmp_path):
+    """A RoBERTa import fine-tunes with fairseq's head (dropout, dense, tanh, dropout,
+    out_proj on <s>), not BERT's pooler: with the weights of a random
+    RobertaForSequenceClassification our ClassifierModel gives its logits."""
+    model = _randomize(transformers.RobertaForSequenceClassification(_roberta_config(num_labels=3)), seed=4)
+    model.save_pretrained(str(tmp_path / "hf"))
+    _, config, params, groups = convert.read_hf_model(str(tmp_path / "hf"))
+    assert config.classifier_head == "roberta" and not config.pooler and "pooler" not in groups
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    head = {
+        name: {"kernel": state[f"classifier.{theirs}.weight"].T, "bias": state[f"classifier.{theirs}.bias"]}
+        for name, theirs in (("classifier_dense", "dense"), ("classifier", "out_proj"))
+    }
+    inputs = _family_inputs("roberta")
+    batch = {
+        "input_ids": inputs["input_ids"].astype(np.int32),
+        "input_mask": inputs["attention_mask"].astype(np.int32),
+        "segment_ids": inputs["token_type_ids"].astype(np.int32),
+    }
+    ours = jitted.apply(
+        ClassifierModel(config, num_outputs=3),
+        {"params": {"encoder": params["encoder"], **head}},
+        batch,
+        deterministic=True,
+    )
+    with torch.no_grad():
+        theirs = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits.numpy()
+    diff = float(np.abs(np.asarray(ours) - theirs).max())
+    print("RobertaForSequenceClassification logits max abs diff:", diff)
+    assert diff < 1e-5
 
 
 def _write_albert_tf1_checkpoint(model: torch.nn.Module, directory: str, prefix: str = "") -> None:

@@ -95,6 +95,51 @@ def test_sop_swaps_consecutive_segments_half_the_time():
     assert not bool(instances.swap_segments(lone, seed=tf.constant([0, 0], tf.int64))["valid"])
 
 
+def _albert_random_b(other, start, target_b_length):
+    """google-research/albert create_instances_from_document's random-document branch:
+    from sentence `start` of the other document, whole sentences until target_b_length."""
+    tokens_b = []
+    for sentence in other[start:]:
+        tokens_b.extend(sentence)
+        if len(tokens_b) >= target_b_length:
+            break
+    return tokens_b
+
+
+def test_sop_one_sentence_chunk_takes_b_from_another_document_with_label_1():
+    # ALBERT (create_instances_from_document, random_next_sentence=False): a chunk of one
+    # sentence has no B of its own, so B comes from a random other document and
+    # is_random_next = True, i.e. sentence_order_label 1; it is never swapped.
+    lone = _sentences(5, [4])
+    other = _sentences(9, [3, 2, 6, 1, 5])
+    candidates = {
+        "token_ids": tf.ragged.constant(
+            [[t for s in lone for t in s], [t for s in other for t in s]], tf.int32
+        ),
+        "sentence_lengths": tf.ragged.constant([[4], [3, 2, 6, 1, 5]], tf.int32),
+        "doc_id": tf.constant([5, 9], tf.int64),
+    }
+    starts = set()
+    for seed in range(40):
+        seed = tf.constant([seed, 3], tf.int64)
+        chunk = {
+            k: v[0]
+            for k, v in instances.chunk_document(
+                _doc(5, lone), seed=seed, max_seq_length=20, short_seq_prob=0.0, random_next_prob=0.0
+            ).items()
+        }
+        assert bool(chunk["is_random_next"]) and int(chunk["target_b_length"]) == 17 - 4
+        pair = instances.swap_segments(instances.attach_random_b(chunk, candidates, seed=seed), seed=seed)
+        assert bool(pair["valid"]) and bool(pair["is_random_next"]), "label 1, never dropped"
+        assert pair["a_tokens"].numpy().tolist() == lone[0], "A stays the chunk's sentence: no swap"
+        b = pair["b_tokens"].numpy().tolist()
+        start = synthetic.doc_and_sentence(b[0])
+        assert start[0] == 9, "B from the other document"
+        assert b == _albert_random_b(other, start[1], 17 - 4)
+        starts.add(start[1])
+    assert len(starts) >= 3, "B starts at a random sentence of the other document"
+
+
 def _fill(docs, cross_documents, max_tokens):
     """Runs fill_step over the sentences of `docs` inside tf.data; returns emitted rows."""
     slices = [
@@ -290,8 +335,8 @@ def test_doc_sentences_rows_in_the_pipeline(data_dir):
 
 
 def test_sop_and_sentence_pair_rows_in_the_pipeline(data_dir):
-    sop = _take(pipeline.make_dataset(data_dir, "train", _config(sentence_objective="sop"), 16), 3)
-    labels = []
+    sop = _take(pipeline.make_dataset(data_dir, "train", _config(sentence_objective="sop"), 16), 6)
+    labels, from_other_document = [], 0
     for batch in sop:
         for ids, seg, mask, label in zip(
             _unmasked(batch), batch["segment_ids"], batch["input_mask"], batch["sentence_label"]
@@ -299,7 +344,14 @@ def test_sop_and_sentence_pair_rows_in_the_pipeline(data_dir):
             real = mask.astype(bool)
             a, b = ids[real & (seg == 0)][1:-1], ids[real & (seg == 1)][:-1]
             ka, kb = synthetic.doc_and_sentence(a[-1]), synthetic.doc_and_sentence(b[0])
-            assert ka[0] == kb[0], "SOP never takes a random document"
+            if ka[0] != kb[0]:
+                # ALBERT: a one-sentence chunk keeps its sentence as A, takes B from another
+                # document, label 1.
+                assert label == 1 and len({synthetic.doc_and_sentence(t) for t in a}) == 1
+                assert len({synthetic.doc_and_sentence(t)[0] for t in b}) == 1
+                from_other_document += 1
+                labels.append(label)
+                continue
             # In order: B continues right after A; swapped (label 1): A continues after B.
             first, second = (b, a) if label else (a, b)
             assert synthetic.doc_and_sentence(second[0])[1] > synthetic.doc_and_sentence(first[-1])[1]
@@ -307,7 +359,8 @@ def test_sop_and_sentence_pair_rows_in_the_pipeline(data_dir):
             keys = [synthetic.doc_and_sentence(t) for t in np.concatenate([first, second])]
             assert len({d for d, _ in keys}) == 1 and all(np.diff([s for _, s in keys]) >= 0)
             labels.append(label)
-    assert 0.35 < np.mean(labels) < 0.65
+    assert 0.35 < np.mean(labels) < 0.7
+    assert 0 < from_other_document < 0.3 * len(labels), "one-sentence chunks are kept, and rare"
     pairs = _take(
         pipeline.make_dataset(data_dir, "train", _config(format="sentence_pair", pair_format="roberta"), 16),
         2,

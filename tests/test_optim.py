@@ -149,3 +149,68 @@ def test_lamb_clips_the_global_norm_first():
     unclipped = _updates(optim.lamb(clip_norm=None, **kwargs)[0], params, grads[:1])[0]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), clipped, expected)
     assert not np.allclose(clipped["layer_norm"]["bias"], unclipped["layer_norm"]["bias"])
+
+
+def _fairseq_polynomial_decay(num_updates: int, lr: float, warmup: int, total: int) -> float:
+    """fairseq/optim/lr_scheduler/polynomial_decay_schedule.py `step_update`, power 1, end 0."""
+    if warmup > 0 and num_updates <= warmup:
+        return num_updates / float(warmup) * lr
+    if num_updates >= total:
+        return 0.0
+    pct_remaining = 1 - (num_updates - warmup) / (total - warmup)
+    return lr * pct_remaining
+
+
+def test_fairseq_schedule_decays_from_the_peak_at_the_end_of_warmup():
+    schedule = optim.warmup_linear_decay(6e-4, 24, 500, "fairseq")
+    bert = optim.warmup_linear_decay(6e-4, 24, 500)
+    for step in range(0, 510):
+        expected = _fairseq_polynomial_decay(step, 6e-4, 24, 500)
+        np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-5, atol=1e-12, err_msg=str(step))
+    # BERT's form is below it through the whole decay: 24/500 = 4.8% at the end of warmup.
+    np.testing.assert_allclose(float(bert(24)), 6e-4 * (1 - 24 / 500), rtol=1e-6)
+    # Injected (fine-tuning grids): the same values from traced arguments.
+    make = optim.grid_adamw(b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.1, clip_norm=None, schedule="fairseq")
+    state = make(6e-4, 24, 500).init({"w": jnp.zeros(2)})
+    assert float(state.hyperparams["learning_rate"]) == np.float32(6e-4)
+
+
+def test_roberta_recipes_bind_fairseqs_schedule_and_decay(tmp_path):
+    """configs/recipes/roberta.gin and configs/glue/roberta.gin choose fairseq's schedule form
+    and weight decay on every parameter; BERT's keep theirs."""
+    import gin
+
+    from finetune.sweep import Grid
+
+    for files, expected in (
+        (["configs/models/roberta_base.gin", "configs/recipes/roberta.gin"], ("fairseq", True)),
+        (["configs/models/bert_base.gin", "configs/recipes/bert.gin"], ("bert", False)),
+    ):
+        gin.clear_config()
+        gin.parse_config_files_and_bindings(files, [], skip_unknown=True)
+        assert gin.get_bindings("adamw").get("decay_all_parameters", False) == expected[1]
+        _, schedule = optim.adamw(total_steps=500_000)
+        peak = gin.query_parameter("adamw.learning_rate")
+        warmup = gin.query_parameter("adamw.warmup_steps")
+        at_warmup_end = float(schedule(warmup))
+        if expected[0] == "fairseq":
+            np.testing.assert_allclose(at_warmup_end, peak, rtol=1e-6)
+        else:
+            np.testing.assert_allclose(at_warmup_end, peak * (1 - warmup / 500_000), rtol=1e-6)
+    gin.clear_config()
+    gin.parse_config_files_and_bindings(["configs/glue/roberta.gin"], [], skip_unknown=True)
+    grid = Grid()
+    assert (grid.optimizer.schedule, grid.optimizer.decay_all_parameters) == ("fairseq", True)
+    gin.clear_config()
+
+
+def test_decay_all_parameters_decays_layernorm_and_biases():
+    params = {"layer_norm": {"scale": jnp.ones(3), "bias": jnp.ones(3)}, "dense": {"kernel": jnp.ones(3)}}
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    for decay_all, decayed in ((False, {"kernel"}), (True, {"kernel", "scale", "bias"})):
+        optimizer = optim.adamw_chain(
+            0.1, b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.5, clip_norm=None, decay_all_parameters=decay_all
+        )
+        updates, _ = optimizer.update(zeros, optimizer.init(params), params)
+        moved = {path[-1] for path, u in traverse_util.flatten_dict(updates).items() if np.any(np.asarray(u))}
+        assert moved == decayed

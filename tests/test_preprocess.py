@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import instances, preprocess, shards, tokenizers
+from data import corpora, instances, preprocess, shards, tokenizers
 from tests import cli_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +69,31 @@ def test_shards_hold_every_document_with_sentences_kept(tmp_path, tokenizer_dir)
     assert manifest.fields["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
     assert manifest.tokenizer == tok.identity()
     assert tokenizers.load_tokenizer(os.path.join(out, shards.TOKENIZER_DIR)).identity() == tok.identity()
+    # Shard and order come from a hash of the text, not from the corpus order or the workers.
+    for name in manifest.splits["train"]["files"]:
+        docs = list(
+            tf.data.TFRecordDataset(os.path.join(out, name)).map(instances.parse_document).as_numpy_iterator()
+        )
+        keys = [
+            preprocess.order_key(corpora.Document(tuple(texts[int(d["doc_id"])].split("\n")), ""), 0)
+            for d in docs
+        ]
+        assert all(shard % 3 == int(name.split("-")[1]) for shard, _ in keys)
+        assert [order for _, order in keys] == sorted(order for _, order in keys)
+    assert not os.path.exists(os.path.join(out, manifest.splits["train"]["files"][0] + ".unsorted"))
+    one_worker = str(tmp_path / "one_worker")
+    preprocess.preprocess(
+        str(tmp_path / "corpus.txt"),
+        tokenizer_dir,
+        one_worker,
+        num_shards=3,
+        eval_fraction=0.2,
+        num_workers=1,
+        log=lambda *_: None,
+    )
+    for name in manifest.splits["train"]["files"] + manifest.splits["eval"]["files"]:
+        with open(os.path.join(out, name), "rb") as a, open(os.path.join(one_worker, name), "rb") as b:
+            assert a.read() == b.read(), f"{name} depends on the number of workers"
 
 
 def test_rerun_is_a_noop_and_changed_input_needs_overwrite(tmp_path, tokenizer_dir):
@@ -109,6 +134,19 @@ def test_single_sentence_documents_warn_then_fail_when_most(tmp_path, tokenizer_
     with pytest.raises(preprocess.PreprocessError, match="one sentence per line, a blank line only between"):
         preprocess.preprocess(
             str(tmp_path / "d.txt"), tokenizer_dir, str(tmp_path / "b"), num_workers=1, eval_fraction=0.2
+        )
+
+
+def test_a_shard_left_empty_by_the_hash_is_an_error(tmp_path, tokenizer_dir):
+    _write_corpus(tmp_path / "c.txt", num_docs=6)
+    with pytest.raises(preprocess.PreprocessError, match="got none of the 6 train documents.*fewer shards"):
+        preprocess.preprocess(
+            str(tmp_path / "c.txt"),
+            tokenizer_dir,
+            str(tmp_path / "o"),
+            num_shards=16,
+            eval_fraction=0.0,
+            num_workers=1,
         )
 
 
@@ -182,3 +220,95 @@ def test_manifest_is_json_with_counts(tmp_path, tokenizer_dir, _cli):
     ]
     total = manifest["splits"]["train"]["documents"] + manifest["splits"]["eval"]["documents"]
     assert total == 30 and "wrote" in result.stdout
+
+
+# ---- data order: a batch draws from across the corpus -----------------------------------
+
+SOURCES = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+
+
+@pytest.fixture(scope="module")
+def sources_corpus(tmp_path_factory):
+    """8 text files ("sources"), 50 documents each, read in corpus order one source after
+    another (as a corpus of Wikipedia, then books, ...). Every sentence of source k starts
+    with the word SOURCES[k], so any row tells which sources it came from."""
+    directory = tmp_path_factory.mktemp("sources")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *sorted(set(WORDS)), *SOURCES]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    rng = np.random.default_rng(5)
+    paths = []
+    for name in SOURCES:
+        docs = [
+            "\n".join(
+                f"{name} " + " ".join(rng.choice(WORDS, size=int(rng.integers(3, 10)))) + "."
+                for _ in range(int(rng.integers(2, 6)))
+            )
+            for _ in range(50)
+        ]
+        path = directory / f"{name}.txt"
+        path.write_text("\n\n".join(docs) + "\n")
+        paths.append(str(path))
+    return ",".join(paths), str(directory / "vocab.txt")
+
+
+def _sources_per_batch(data_dir, batches=12, **config):
+    """Mean number of distinct sources among the A segments of a batch of 16 rows."""
+    from data import pipeline
+
+    tok = tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
+    marker_ids = {tok.encode(name)[0]: name for name in SOURCES}
+    settings = dict(max_seq_length=64, document_shuffle_buffer=20, instance_shuffle_buffer=50, dupe_factor=1)
+    ds = pipeline.make_dataset(data_dir, "train", pipeline.PipelineConfig(**{**settings, **config}), 16)
+    counts = []
+    for batch in ds.take(batches).as_numpy_iterator():
+        ids = batch["input_ids"].copy()
+        for r in range(len(ids)):
+            w = batch["masked_lm_weights"][r] > 0
+            ids[r, batch["masked_lm_positions"][r][w]] = batch["masked_lm_ids"][r][w]
+        a_tokens = ids[(batch["segment_ids"] == 0) & (batch["input_mask"] == 1)]
+        counts.append(len({marker_ids[t] for t in a_tokens.tolist() if t in marker_ids}))
+    return float(np.mean(counts))
+
+
+def test_a_batch_draws_documents_from_across_the_corpus(tmp_path, sources_corpus):
+    # The original shuffles all documents before making instances (google-research/bert
+    # create_pretraining_data.py: rng.shuffle(all_documents)), so a batch mixes sources.
+    # With shards in corpus order, a 20-document buffer (1000 for millions of documents)
+    # sees one region of the corpus: one or two sources per batch.
+    corpus, vocab = sources_corpus
+    out = str(tmp_path / "out")
+    preprocess.preprocess(
+        corpus, vocab, out, num_shards=4, eval_fraction=0.0, num_workers=1, log=lambda *_: None
+    )
+    per_batch = _sources_per_batch(out)
+    print(f"sources per batch of 16 rows: {per_batch:.2f} of {len(SOURCES)}")
+    assert per_batch >= 5, per_batch
+
+
+def test_bpe_shards_hold_each_document_as_its_joined_text(tmp_path):
+    # Byte-level BPE (RoBERTa): a sentence after the first keeps the space that joins it to
+    # the one before ("ĠThe", not "The"), as fairseq encodes whole lines
+    # (examples/roberta/multiprocessing_bpe_encoder.py), so FULL-SENTENCES rows decode as
+    # "... mat. The ..." and not "... mat.The ...".
+    texts = _write_corpus(tmp_path / "corpus.txt", num_docs=12)
+    tok = tokenizers.train_bpe([text.split("\n") for text in texts], 400)
+    tok.save(str(tmp_path / "bpe"))
+    out = str(tmp_path / "out")
+    preprocess.preprocess(
+        str(tmp_path / "corpus.txt"),
+        str(tmp_path / "bpe"),
+        out,
+        num_shards=2,
+        eval_fraction=0.0,
+        num_workers=1,
+        log=lambda *_: None,
+    )
+    documents = _read(out, "train")
+    assert len(documents) == 12
+    for doc in documents:
+        sentences = texts[int(doc["doc_id"])].split("\n")
+        assert doc["token_ids"].tolist() == tok.encode(" ".join(sentences))
+        assert tok.decode(doc["token_ids"].tolist()) == " ".join(sentences)
+        assert doc["sentence_lengths"].tolist() == [len(tok.encode(s)) for s in sentences[:1]] + [
+            len(tok.encode(" " + s)) for s in sentences[1:]
+        ]

@@ -3,11 +3,14 @@ agreement, in process. Kills, preemption and damaged checkpoints of real runs ar
 tests/fault_injection.py (run by tests/test_fault_injection.py)."""
 
 import collections
+import dataclasses
 import logging
 import os
 import signal
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import tensorflow as tf
 
@@ -15,7 +18,7 @@ from core import checkpointing, preemption
 from data import pipeline
 from models.encoder import EncoderConfig
 from pretrain.monitor import DivergedError
-from tests.test_train import TINY, _run, data_dir  # noqa: F401  (data_dir is a fixture)
+from tests.test_train import DATA, TINY, _run, data_dir  # noqa: F401  (data_dir is a fixture)
 
 
 @pytest.fixture
@@ -66,6 +69,14 @@ def test_skip_policy_skips_and_logs_each_step(tmp_path, data_dir, poisoned_steps
     skipped = [r.getMessage() for r in caplog.records if "update skipped" in r.getMessage()]
     assert [m.split(":")[0] for m in skipped] == ["step 3", "step 8"]
     assert summary["skipped_steps"] == 2 and np.isfinite(summary["loss"])
+    # A skipped update leaves the moments as they were but not the optimizer's step counts
+    # (the schedule's and Adam's): they stay equal to the state's step, so the learning rate
+    # logged is the one applied and the schedule still reaches 0 at the last step.
+    saved = ocp.PyTreeCheckpointer().restore(str(tmp_path / "checkpoints" / "10" / "state"))
+    counts = [
+        int(x) for x in jax.tree.leaves(saved["opt_state"]) if np.issubdtype(np.asarray(x).dtype, np.integer)
+    ]
+    assert counts and set(counts) == {10} and int(saved["step"]) == 10
 
 
 @pytest.mark.slow(15)
@@ -86,6 +97,33 @@ def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, data_dir): 
         _run(tmp_path, data_dir, steps=10, model_config=wider)
     assert os.listdir(tmp_path / "checkpoints") == ["5"]
     assert not os.path.exists(tmp_path / checkpointing.BAD_CHECKPOINTS)
+
+
+@pytest.mark.slow(20)
+def test_data_position_of_another_pipeline_is_an_error_not_damage(tmp_path, data_dir, caplog):  # noqa: F811
+    """A changed input pipeline cannot read the saved data position: one error line and
+    every checkpoint stays where it is (it is not damaged); run.reset_data_iterator keeps
+    the model and optimizer state and restarts the data stream."""
+    _run(tmp_path, data_dir, steps=5)
+    unshuffled = dataclasses.replace(DATA, instance_shuffle_buffer=1)  # another dataset graph
+    with pytest.raises(checkpointing.IteratorMismatchError, match="holds the data position of another input"):
+        _run(tmp_path, data_dir, steps=10, pipeline_config=unshuffled)
+    assert os.listdir(tmp_path / "checkpoints") == ["5"]
+    assert not os.path.exists(tmp_path / checkpointing.BAD_CHECKPOINTS)
+    with caplog.at_level(logging.INFO):
+        summary = _run(tmp_path, data_dir, steps=10, pipeline_config=unshuffled, reset_data_iterator=True)
+    assert summary["step"] == 10 and "resumed from step 5" in caplog.text
+    assert "the data stream restarts from its beginning" in caplog.text
+
+
+def test_failed_save_names_the_last_checkpoint_complete_on_disk(tmp_path):
+    """An async save that fails surfaces at the next save, when orbax already counts the
+    failed step: the error must name the newest step that is complete on disk."""
+    ckpt = checkpointing.Checkpointer(str(tmp_path))
+    for name in ("2", "4", "6.orbax-checkpoint-tmp-1795000000"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    error = ckpt._save_error(8, OSError("File too large"))
+    assert "the last complete checkpoint is step 4:" in str(error)
 
 
 def test_unwritable_workdir_is_reported_before_anything_runs(tmp_path):

@@ -65,8 +65,8 @@ def test_uncased_bert_behaviour(uncased):
     # Lowercased, accents stripped, punctuation split off, greedy longest-match wordpieces.
     assert _pieces(uncased, "H\u00e9llo, WORLD! Caf\u00e9s") == ["hello", ",", "world", "!", "cafe", "##s"]
     assert _pieces(uncased, "unaffable") == ["un", "##aff", "##able"]
-    # No segmentation, or a word over 100 characters, is one [UNK]; as in the original,
-    # "[MASK]" written in text is not the mask token.
+    # No segmentation ("h" is not in the vocab) is one [UNK]; as in the original, "[MASK]"
+    # written in text is not the mask token.
     assert uncased.encode("xyz hello " + "h" * 101) == [100, uncased.token_to_id("hello"), 100]
     assert _pieces(uncased, "[MASK]") == ["[", "mask", "]"]
     assert uncased.encode("") == []
@@ -75,6 +75,41 @@ def test_uncased_bert_behaviour(uncased):
     assert uncased.token_to_id("##aff") == 107 and uncased.token_to_id("nope") is None
     with pytest.raises(IndexError):
         uncased.id_to_token(-1)
+
+
+def _bert_wordpiece(word, vocab, unk_token="[UNK]", max_input_chars_per_word=200):
+    """google-research/bert tokenization.py `WordpieceTokenizer.tokenize` (its defaults)
+    for one word, transcribed: greedy longest-match-first, [UNK] for a longer word."""
+    chars = list(word)
+    if len(chars) > max_input_chars_per_word:
+        return [unk_token]
+    is_bad, start, sub_tokens = False, 0, []
+    while start < len(chars):
+        end, cur_substr = len(chars), None
+        while start < end:
+            substr = "".join(chars[start:end])
+            if start > 0:
+                substr = "##" + substr
+            if substr in vocab:
+                cur_substr = substr
+                break
+            end -= 1
+        if cur_substr is None:
+            is_bad = True
+            break
+        sub_tokens.append(cur_substr)
+        start = end
+    return [unk_token] if is_bad else sub_tokens
+
+
+def test_wordpiece_words_up_to_200_characters_are_word_pieced(uncased):
+    # BERT's WordpieceTokenizer(max_input_chars_per_word=200); the tokenizers library's
+    # default, 100, would make the 149- and 200-character words [UNK].
+    vocab = set(_UNCASED)
+    for word in ["un" + "aff" * 49, "un" + "aff" * 66, "un" + "aff" * 66 + "s", "unaffable"]:
+        assert _pieces(uncased, word) == _bert_wordpiece(word, vocab), len(word)
+    assert _pieces(uncased, "un" + "aff" * 49) == ["un"] + ["##aff"] * 49  # 149 characters
+    assert _pieces(uncased, "un" + "aff" * 66 + "s") == ["[UNK]"]  # 201 characters
 
 
 def test_cased_keeps_case_and_accents(cased):
@@ -532,3 +567,76 @@ def test_roberta_pair_inputs_match_transformers(trained_bpe, tmp_path):
             tokenizers.pair_inputs(trained_bpe, trained_bpe.encode(a), trained_bpe.encode(b), 512)[0]
             == expected
         )
+
+
+# ---------------------------------------------------------------- documents (pretraining data)
+
+
+@pytest.mark.parametrize("name", ["trained", "trained_bpe", "trained_sp"])
+def test_documents_encode_as_their_joined_text(name, request):
+    """`encode_documents` (what preprocessing stores): a document's sentence ids, concatenated,
+    are the ids of its sentences joined by single spaces. Byte-level BPE needs the joining
+    space ("ĠThe"); WordPiece and SentencePiece split at whitespace first, so each sentence
+    alone already gives the same ids (SentencePiece's "▁" at each sentence start is the
+    joining space)."""
+    tok = request.getfixturevalue(name)
+    documents = _topic_documents(800)[120:150] + [["It ends here.", "The next one starts.", "3 more."]]
+    encoded = tok.encode_documents(documents)
+    assert [len(ids) for ids in encoded] == [len(doc) for doc in documents]
+    for doc, ids in zip(documents, encoded):
+        assert [t for s in ids for t in s] == tok.encode(" ".join(doc)), doc
+        assert all(ids)
+    assert encoded[:2] == [tok.encode_documents([doc])[0] for doc in documents[:2]]
+    last = [t for s in encoded[-1] for t in s]
+    if name == "trained_bpe":
+        assert tok.decode(last) == "It ends here. The next one starts. 3 more."
+        assert encoded[-1][0] == tok.encode("It ends here.")  # a document's first word: no space
+        assert all(tok.id_to_token(s[0]).startswith("\u0120") for s in encoded[-1][1:])
+
+
+def test_bpe_documents_match_gpt2_on_the_whole_line(trained_bpe, tmp_path):
+    """fairseq encodes each input line (a paragraph) whole with GPT-2's encoder
+    (examples/roberta/multiprocessing_bpe_encoder.py); our documents match the transcribed
+    GPT-2 encoder on the joined text."""
+    trained_bpe.save(str(tmp_path / "bpe"))
+    vocab = json.loads((tmp_path / "bpe" / "vocab.json").read_text(encoding="utf-8"))
+    merges = [
+        tuple(line.split(" ")) for line in (tmp_path / "bpe" / "merges.txt").read_text().splitlines()[1:]
+    ]
+    documents = _topic_documents(800)[120:140]
+    for doc, ids in zip(documents, trained_bpe.encode_documents(documents)):
+        assert [t for s in ids for t in s] == _gpt2_reference_encode(" ".join(doc), vocab, merges)
+
+
+def _albert_is_start_piece_sp(piece):
+    """google-research/albert create_pretraining_data.py `_is_start_piece_sp`, transcribed
+    (Python 3: `six.ensure_str` of a str is the str; the "€"/"£" entries are bytes)."""
+    special_pieces = set(list('!"#$%&"()*+,-./:;?@[\\]^_`{|}~'))
+    special_pieces.add("€".encode("utf-8"))
+    special_pieces.add("£".encode("utf-8"))
+    english_chars = set(list("abcdefghijklmnopqrstuvwxyz"))
+    if (
+        piece.startswith("▁")
+        or piece.startswith("<")
+        or piece in special_pieces
+        or not all([i.lower() in english_chars.union(special_pieces) for i in piece])
+    ):
+        return True
+    else:
+        return False
+
+
+def test_sentencepiece_word_starts_are_albert_is_start_piece(trained_sp):
+    tok = trained_sp
+    starts = tok.word_start_mask()
+    for i in range(tok.vocab_size):
+        piece = tok.id_to_token(i)
+        # [CLS]/[SEP] are boundaries in ALBERT's loop before the rule is asked; [MASK] is not text.
+        expected = piece in tokenizers.SP_CONTROL_SYMBOLS or _albert_is_start_piece_sp(piece)
+        assert starts[i] == expected, piece
+    # Digits, apostrophes and "=" start words in the middle of one: "1987" and "don't" are
+    # several units for whole-word and n-gram masking, as in ALBERT.
+    pieces = tok.pieces("in 1987 he said don't a=b")
+    inner = [p for p in pieces if not p.startswith("\u2581") and not p.isalpha()]
+    assert {"9", "'", "="} <= set(inner), pieces
+    assert all(starts[tok.token_to_id(p)] for p in inner)
