@@ -3,6 +3,8 @@
 Every op is checked eagerly and inside tf.data (docs/architecture.md "Style").
 """
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,14 +22,34 @@ def _doc(doc_id, sentences):
     }
 
 
-def _chunks(doc_id, sentences, seed, short_seq_prob=0.0, random_next_prob=0.5, max_len=MAX_LEN):
-    out = instances.chunk_document(
-        _doc(doc_id, sentences),
-        seed=tf.constant([seed, 0], tf.int64),
-        max_seq_length=max_len,
-        short_seq_prob=short_seq_prob,
-        random_next_prob=random_next_prob,
-    )
+@functools.cache
+def _traced_chunker(short_seq_prob, random_next_prob, max_len):
+    """chunk_document as one traced graph: the statistics tests chunk hundreds of
+    documents, which eagerly costs seconds (the other tests run it eagerly)."""
+
+    def chunk(doc, seed):
+        return instances.chunk_document(
+            doc,
+            seed=seed,
+            max_seq_length=max_len,
+            short_seq_prob=short_seq_prob,
+            random_next_prob=random_next_prob,
+        )
+
+    return tf.function(chunk, reduce_retracing=True)
+
+
+def _chunks(doc_id, sentences, seed, short_seq_prob=0.0, random_next_prob=0.5, max_len=MAX_LEN, traced=False):
+    if traced:
+        chunk = _traced_chunker(short_seq_prob, random_next_prob, max_len)
+    else:
+        chunk = functools.partial(
+            instances.chunk_document,
+            max_seq_length=max_len,
+            short_seq_prob=short_seq_prob,
+            random_next_prob=random_next_prob,
+        )
+    out = chunk(_doc(doc_id, sentences), seed=tf.constant([seed, 0], tf.int64))
     return [
         {k: (v[i].numpy() if isinstance(v, tf.RaggedTensor) else v.numpy()[i]) for k, v in out.items()}
         for i in range(int(tf.shape(out["chunk_index"])[0]))
@@ -66,7 +88,7 @@ def test_chunk_lengths_follow_target_and_short_seq_prob():
     docs = synthetic.make_documents(300, seed=4, max_sentences=20, max_len=10)
     short_docs = 0
     for doc_id, sentences in docs.items():
-        rows = _chunks(doc_id, sentences, seed=doc_id, short_seq_prob=0.1)
+        rows = _chunks(doc_id, sentences, seed=doc_id, short_seq_prob=0.1, traced=True)
         lengths = [len(r["a_tokens"]) + len(r["b_tokens"]) for r in rows]
         # The target is drawn once per document; every chunk but the last reaches it.
         targets = {r["target_b_length"] + len(r["a_tokens"]) for r in rows}
@@ -89,7 +111,7 @@ def test_nsp_balance():
     docs = synthetic.make_documents(100, seed=5, max_sentences=99, max_len=6)
     labels = []
     for doc_id, sentences in docs.items():
-        for row in _chunks(doc_id, sentences, seed=doc_id):
+        for row in _chunks(doc_id, sentences, seed=doc_id, traced=True):
             first = _sentences_of(row["a_tokens"])[0][1]
             # Far from the document's end a chunk closes by reaching the target (29 tokens) with
             # >= 2 sentences, so its label is a free 50/50 draw. Near the end, chunks close at the
