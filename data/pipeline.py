@@ -472,7 +472,15 @@ def make_dataset(
       shuffle: False gives a fixed order (eval): documents and instances unshuffled.
       first_epoch: number of the first epoch (eval uses a fixed epoch, so fixed masks).
     """
-    vocab = shards.load_manifest(data_dir).vocab
+    manifest = shards.load_manifest(data_dir)
+    vocab = manifest.vocab
+    # A host with no document would wait for its first row forever (passes of nothing).
+    documents = manifest.splits.get(split, {}).get("documents", 0)
+    if documents < process_count:
+        raise shards.ShardsError(
+            f"the {split} split of '{data_dir}' has {documents} document(s) for {process_count} host(s): "
+            f"every host needs at least one (preprocess more {split} documents, e.g. larger --eval_fraction)"
+        )
     word_starts = None if config.masking_unit == "token" else load_word_starts(data_dir)
     files, shard_documents = host_files(data_dir, split, process_index, process_count)
     options = tf.data.Options()

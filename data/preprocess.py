@@ -21,11 +21,13 @@ means the output is complete) records the tokenizer identity, vocab size, specia
 counts and a fingerprint of the inputs. Re-running with the same inputs is a no-op.
 
 Tokenization runs in `--num_workers` processes (with one, in this process); the reader
-keeps at most a few batches in flight, so memory stays bounded whatever the corpus size.
-Documents are first written to `*.tfrecord.unsorted` files in corpus order, each record
-prefixed with its order key; then each shard is read back, sorted by key and written
-(one shard in memory per worker: corpus size / --num_shards). The output depends only on
-the inputs and options, never on --num_workers.
+keeps at most a few batches in flight, so tokenizing needs little memory whatever the
+corpus size. Documents are first written to `*.tfrecord.unsorted` files in corpus order,
+each record prefixed with its order key; then each shard is read back, sorted by key and
+written. Sorting holds one shard per worker in memory: about (tokenized corpus size) x
+num_workers / num_shards, so a large corpus wants many shards (the pod examples use 256)
+or fewer workers. The `*.unsorted` files are removed when preprocessing fails or is
+interrupted. The output depends only on the inputs and options, never on --num_workers.
 """
 
 from __future__ import annotations
@@ -149,6 +151,33 @@ def _sort_shard(path: str) -> str:
     return path
 
 
+def _tokenize_and_sort(batches, all_paths, num_workers, tokenizer_path, write, close_writers) -> None:
+    """Tokenizes the corpus batches into the `*.unsorted` writers (`write`), closes them and
+    sorts every shard."""
+    if num_workers == 1:  # one worker: this process (a worker process would only add its start-up)
+        _init_worker(tokenizer_path)
+        for batch, heldout, sources, keys in batches:
+            write(_tokenize_batch(batch), heldout, sources, keys)
+        close_writers()
+        for path in all_paths:
+            _sort_shard(path)
+        return
+    with multiprocessing.get_context("spawn").Pool(
+        num_workers, initializer=_init_worker, initargs=(tokenizer_path,)
+    ) as pool:
+        in_flight = collections.deque()
+        for batch, heldout, sources, keys in batches:
+            in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources, keys))
+            if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
+                result, *meta = in_flight.popleft()
+                write(result.get(), *meta)
+        while in_flight:
+            result, *meta = in_flight.popleft()
+            write(result.get(), *meta)
+        close_writers()
+        pool.map(_sort_shard, all_paths, chunksize=1)  # one shard in memory per worker
+
+
 def preprocess(
     corpus: str,
     tokenizer_path: str,
@@ -233,28 +262,15 @@ def preprocess(
 
     batches = _document_batches(corpus, eval_fraction, shuffle_seed, corpus_kwargs)
     all_paths = [path for split in counts for path in paths[split]]
-    if num_workers == 1:  # one worker: this process (a worker process would only add its start-up)
-        _init_worker(tokenizer_path)
-        for batch, heldout, sources, keys in batches:
-            write(_tokenize_batch(batch), heldout, sources, keys)
+    try:
+        _tokenize_and_sort(batches, all_paths, num_workers, tokenizer_path, write, close_writers)
+    except BaseException:
+        # A bad input line, Ctrl-C or a failed sort: leave no unsorted copy of the corpus.
         close_writers()
         for path in all_paths:
-            _sort_shard(path)
-    else:
-        with multiprocessing.get_context("spawn").Pool(
-            num_workers, initializer=_init_worker, initargs=(tokenizer_path,)
-        ) as pool:
-            in_flight = collections.deque()
-            for batch, heldout, sources, keys in batches:
-                in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources, keys))
-                if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
-                    result, *meta = in_flight.popleft()
-                    write(result.get(), *meta)
-            while in_flight:
-                result, *meta = in_flight.popleft()
-                write(result.get(), *meta)
-            close_writers()
-            pool.map(_sort_shard, all_paths, chunksize=1)  # one shard in memory per worker
+            if tf.io.gfile.exists(path + _UNSORTED):
+                tf.io.gfile.remove(path + _UNSORTED)
+        raise
 
     total = stats["train"].documents + stats["eval"].documents
     if stats["train"].documents < 2:

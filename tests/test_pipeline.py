@@ -220,6 +220,16 @@ def test_missing_manifest_is_a_clear_error(tmp_path):
         pipeline.make_dataset(str(tmp_path), "train", CONFIG, 8)
 
 
+def test_fewer_documents_than_hosts_is_an_error_not_a_hang(tmp_path):
+    """A host without a document would wait for its first row forever."""
+    data_dir = synthetic.write_shards(
+        str(tmp_path), synthetic.make_documents(8, seed=1), synthetic.make_documents(2, seed=2, first_id=150)
+    )
+    with pytest.raises(shards.ShardsError, match="the eval split .* has 2 document.* for 4 host"):
+        pipeline.make_dataset(data_dir, "eval", CONFIG, 4, process_index=3, process_count=4, shuffle=False)
+    pipeline.make_dataset(data_dir, "eval", CONFIG, 4, process_index=1, process_count=2, shuffle=False)
+
+
 def test_max_predictions_is_derived_from_length_and_rate_by_default():
     assert pipeline.PipelineConfig().max_predictions_per_seq == 20  # BERT's published value for 128
     assert pipeline.PipelineConfig(max_seq_length=512).max_predictions_per_seq == 80  # and for 512

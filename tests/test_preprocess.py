@@ -192,6 +192,13 @@ def test_cli_bad_corpus_gives_one_error_line(tmp_path, tokenizer_dir, _cli, make
     assert len(_error_lines(result)) == 1 and message in _error_lines(result)[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "o" / shards.MANIFEST)
+    # No half-written copy of the corpus is left behind.
+    leftovers = (
+        [n for n in os.listdir(tmp_path / "o") if n.endswith(".unsorted")]
+        if (tmp_path / "o").exists()
+        else []
+    )
+    assert not leftovers
 
 
 def test_cli_missing_tokenizer(tmp_path, _cli):
