@@ -260,8 +260,7 @@ class Checkpointer:
         prefix = self._iterator_prefix(step)
         if not tf.io.gfile.glob(prefix + ".index"):
             raise FileNotFoundError(f"no data iterator state {prefix}.index")
-        state = self._restore_state(step, abstract_state)
-        try:
+        try:  # before the state: the cheap read, and a mismatch then costs no state restore
             tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
         except tf.errors.OpError as e:
             # tf.data's words for a state saved by a differently built dataset.
@@ -274,7 +273,7 @@ class Checkpointer:
                 "run.reset_data_iterator = True to keep the model and optimizer state and restart "
                 "the data stream"
             ) from None
-        return state
+        return self._restore_state(step, abstract_state)
 
     def _restore_state(self, step: int, abstract_state: Any) -> Any:
         restored = self.manager.restore(

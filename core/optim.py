@@ -119,17 +119,14 @@ def adamw(
     RoBERTa's recipe binds fairseq's schedule form and weight decay on every parameter
     (see `warmup_linear_decay` and `adamw_chain`).
     """
+    chain = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, clip_norm=clip_norm)
     optimizer = _scheduled_adamw(
         learning_rate,
         warmup_steps,
         total_steps,
-        b1,
-        b2,
-        eps,
-        weight_decay,
-        clip_norm,
-        schedule,
-        decay_all_parameters,
+        schedule=schedule,
+        decay_all_parameters=decay_all_parameters,
+        **chain,
     )
     return optimizer, warmup_linear_decay(learning_rate, warmup_steps, total_steps, schedule)
 
@@ -177,6 +174,8 @@ def _scheduled_adamw(
     schedule,
     decay_all_parameters,
 ):
+    """`adamw_chain` on `warmup_linear_decay`: `adamw`, and the factory `grid_adamw` injects
+    into (every argument named, as optax.inject_hyperparams binds them by name)."""
     return adamw_chain(
         warmup_linear_decay(learning_rate, warmup_steps, total_steps, schedule),
         b1=b1,

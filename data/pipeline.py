@@ -159,9 +159,17 @@ def host_files(data_dir: str, split: str, process_index: int, process_count: int
 
     Each host reads files[process_index::process_count]. With fewer files than hosts every
     host reads all files and keeps every process_count-th document (slower, but no host
-    starves and no document is read twice).
+    starves and no document is read twice). Fewer documents than hosts is an error: a host
+    with none would wait for its first row forever (passes of nothing).
     """
-    files = shards.load_manifest(data_dir).files(split)
+    manifest = shards.load_manifest(data_dir)
+    documents = manifest.splits.get(split, {}).get("documents", 0)
+    if documents < process_count:
+        raise shards.ShardsError(
+            f"the {split} split of '{data_dir}' has {documents} document(s) for {process_count} host(s): "
+            f"every host needs at least one (preprocess more {split} documents, e.g. larger --eval_fraction)"
+        )
+    files = manifest.files(split)
     if len(files) >= process_count:
         if len(files) % process_count:
             logging.warning(
@@ -472,15 +480,7 @@ def make_dataset(
       shuffle: False gives a fixed order (eval): documents and instances unshuffled.
       first_epoch: number of the first epoch (eval uses a fixed epoch, so fixed masks).
     """
-    manifest = shards.load_manifest(data_dir)
-    vocab = manifest.vocab
-    # A host with no document would wait for its first row forever (passes of nothing).
-    documents = manifest.splits.get(split, {}).get("documents", 0)
-    if documents < process_count:
-        raise shards.ShardsError(
-            f"the {split} split of '{data_dir}' has {documents} document(s) for {process_count} host(s): "
-            f"every host needs at least one (preprocess more {split} documents, e.g. larger --eval_fraction)"
-        )
+    vocab = shards.load_manifest(data_dir).vocab
     word_starts = None if config.masking_unit == "token" else load_word_starts(data_dir)
     files, shard_documents = host_files(data_dir, split, process_index, process_count)
     options = tf.data.Options()

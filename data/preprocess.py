@@ -62,6 +62,10 @@ class PreprocessError(UserError):
     """A user-facing problem with the inputs of preprocessing (one line)."""
 
 
+class OtherShardsError(PreprocessError):
+    """--output holds complete shards made from other inputs or options."""
+
+
 @dataclasses.dataclass
 class SplitStats:
     documents: int = 0
@@ -212,7 +216,7 @@ def preprocess(
             log(f"{output} is up to date ({documents} train documents); nothing to do")
             return existing
         if not overwrite:
-            raise PreprocessError(
+            raise OtherShardsError(
                 f"'{output}' already holds shards of another corpus, tokenizer or options: "
                 "pass --overwrite to replace them, or choose another --output"
             )

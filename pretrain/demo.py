@@ -155,13 +155,11 @@ def _run(args) -> None:
             eval_fraction=0.05,
             num_workers=1,
         )
-    except preprocess.PreprocessError as e:
+    except preprocess.OtherShardsError:
         # The shards of an older version (other options): the demo has no --overwrite.
-        stale, sep, _ = e.args[0].partition(": pass --overwrite")
-        if not sep:
-            raise
-        raise preprocess.PreprocessError(
-            f"{stale}: start the demo afresh with `make clean-demo` (rm -rf {workdir})"
+        raise preprocess.OtherShardsError(
+            f"'{data_dir}' holds shards an older version made: start the demo afresh with "
+            f"`make clean-demo` (rm -rf {workdir})"
         ) from None
     print(f"[3/4] pretraining {_GIN_FILE} -> {run_dir}")
     cli.parse_gin(
