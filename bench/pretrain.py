@@ -5,12 +5,13 @@
         [--without=masked_decoding,donation,vocab_padding] [--fused_attention] [--profile_dir=DIR]
 
 Builds the real sharded train step (pretrain/step.py `build`, for the gin files' objective,
-by default MLM + NSP: AdamW, donated state, MLM on the P masked positions only) for
-full-length synthetic rows with P masked positions, compiles it, runs 2 warm-up steps and
-times `--steps` more. The last line is one JSON object (bench/report.py): compile
-seconds, steps/s, non-pad tokens/s, model TFLOP/s counted by core/flops.py
-(docs/performance.md), this device's matmul peak measured in the same run and dtype, MFU
-and peak memory. `--fake_devices=N` runs on N fake CPU devices.
+by default MLM + NSP; ELECTRA with `--gin_file=configs/models/electra_base.gin
+--gin_file=configs/recipes/electra.gin`, which masks inside the step: AdamW, donated state,
+MLM on the P masked positions only) for full-length synthetic rows with P masked
+positions, compiles it, runs 2 warm-up steps and times `--steps` more. The last line is
+one JSON object (bench/report.py): compile seconds, steps/s, non-pad tokens/s, model
+TFLOP/s counted by core/flops.py (docs/performance.md), this device's matmul peak
+measured in the same run and dtype, MFU and peak memory. `--fake_devices=N` runs on N fake CPU devices.
 
 `--without=X,...` turns off one of our optimisations, to measure what each buys:
 `masked_decoding` (the MLM head decodes all L positions, loss unchanged:
@@ -122,7 +123,10 @@ def _run(args) -> None:
     partitioner = sharding.Partitioner.create(args.mesh)
     sharding.check_batch_size(batch_size, partitioner.mesh, jax.process_count())
     optimizer, schedule = optim.adamw(total_steps=10_000, learning_rate=1e-4, warmup_steps=100)
-    pipeline_config = PipelineConfig(max_seq_length=seq, max_predictions_per_seq=predictions)
+    # The gin files' data recipe (e.g. ELECTRA's in-step masking) at the benchmark's shape.
+    pipeline_config = dataclasses.replace(
+        PipelineConfig(), max_seq_length=seq, max_predictions_per_seq=predictions
+    )
     rng = jax.random.key(1)
 
     def build(without: set[str], fused_attention: bool):

@@ -161,7 +161,9 @@ def synthetic_batch(
     input_ids [B, L] int32 (ids in the upper part of the vocab, clear of special tokens),
     input_mask [B, L] all 1, positions [B, L] 0..L-1,
     segment_ids [B, L] (second half 1), masked_lm_positions/ids [B, P] int32,
-    masked_lm_weights [B, P] float32 all 1, sentence_label [B] int32.
+    masked_lm_weights [B, P] float32 all 1, sentence_label [B] int32; for objectives that
+    mask inside the step (ELECTRA): maskable [B, L] int32 (all but the first and last
+    token) and mask_id [B] int32 (BERT's [MASK], 103).
     """
     rng = np.random.default_rng(seed)
     input_ids = rng.integers(min(1000, vocab // 2), vocab, (batch, seq), dtype=np.int32)
@@ -177,6 +179,8 @@ def synthetic_batch(
         "masked_lm_ids": np.take_along_axis(input_ids, positions, axis=1),
         "masked_lm_weights": np.ones((batch, predictions), np.float32),
         "sentence_label": rng.integers(0, 2, batch, dtype=np.int32),
+        "maskable": np.pad(np.ones((batch, seq - 2), np.int32), ((0, 0), (1, 1))),
+        "mask_id": np.full((batch,), 103, np.int32),
     }
 
 

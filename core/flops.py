@@ -61,3 +61,151 @@ def bert_pretraining(
         + embedding_projection(embedding=e, hidden=hidden, seq=seq)
         + mlm_head(hidden=hidden, embedding=e, vocab=vocab, predictions=predictions)
     )
+
+
+def discriminator_head(*, hidden: int, seq: int) -> float:
+    """Forward FLOPs of ELECTRA's discriminator head at every position: dense H -> H, dense H -> 1."""
+    return float(2 * seq * (hidden * hidden + hidden))
+
+
+def electra_pretraining(
+    *,
+    hidden: int,
+    layers: int,
+    intermediate: int,
+    generator_hidden: int,
+    generator_layers: int,
+    generator_intermediate: int,
+    vocab: int,
+    seq: int,
+    predictions: int,
+    embedding: int,
+) -> float:
+    """Training FLOPs per row of ELECTRA (generator + discriminator, one shared embedding
+    table of width `embedding`):
+
+        generator     = bert_pretraining(generator_hidden, ..., embedding)  (its own E -> H_g
+                        projection, MLM head at the P masked positions)
+        discriminator = 3 * [L * layer(hidden) + 2*s*E*h (if E != h) + 2*s*(h*h + h)]
+
+    Sampling (a Gumbel-max over V at P positions) is elementwise: not counted.
+    """
+    generator = bert_pretraining(
+        hidden=generator_hidden,
+        layers=generator_layers,
+        intermediate=generator_intermediate,
+        vocab=vocab,
+        seq=seq,
+        predictions=predictions,
+        embedding=embedding,
+    )
+    discriminator = training(
+        encoder_layers(layers=layers, hidden=hidden, intermediate=intermediate, seq=seq)
+        + embedding_projection(embedding=embedding, hidden=hidden, seq=seq)
+        + discriminator_head(hidden=hidden, seq=seq)
+    )
+    return generator + discriminator
+
+
+# --- the ELECTRA paper's count (google-research/electra flops_computation.py) ---------------
+# Reported beside ours when comparing with the paper's tables. It differs from ours on
+# purpose: training is 2x forward (not 3x), embedding lookups are dense one-hot matmuls,
+# the MLM head is charged for output_frac of the positions, and elementwise work
+# (softmax, LayerNorm, GELU, dropout) is counted with the per-element costs below.
+_PAPER_DROPOUT, _PAPER_LAYER_NORM, _PAPER_ACTIVATION, _PAPER_SOFTMAX = 4, 5, 8, 5
+
+
+def _paper_block(h: int, s: int, i: int, heads: int) -> float:
+    """One Transformer layer's forward FLOPs on s tokens (TransformerHparams.get_block_flops)."""
+    per_token = (
+        3 * 2 * h * h  # q, k, v
+        + 3 * h  # their biases
+        + 2 * h * s  # attention scores
+        + (_PAPER_SOFTMAX + _PAPER_DROPOUT + 1) * s * heads  # softmax, dropout, scale
+        + 2 * h * s  # weighted sum of the values
+        + 2 * h * h
+        + h
+        + _PAPER_DROPOUT * h
+        + h  # output projection, bias, dropout, residual
+        + _PAPER_LAYER_NORM  # the script charges the attention LayerNorm 5, not 5 h
+        + 2 * h * i
+        + _PAPER_ACTIVATION * i
+        + i  # intermediate, GELU, bias
+        + 2 * h * i
+        + h
+        + _PAPER_DROPOUT * h
+        + h
+        + _PAPER_LAYER_NORM * h  # output ... LayerNorm
+    )
+    return float(per_token * s)
+
+
+def _paper_embedding(h: int, s: int, v: int, e: int, output: bool, output_frac: float) -> float:
+    """Input embeddings (dense lookups) or the MLM output head (get_embedding_flops)."""
+    per_token = 2 * e * v
+    if not output:
+        per_token += 2 * e * (s + 2) + 2 * e + _PAPER_LAYER_NORM * e + _PAPER_DROPOUT * e
+        if e != h:
+            per_token += 2 * h * e + h
+        return float(per_token * s)
+    per_token += 2 * h * e + e + _PAPER_ACTIVATION * e + _PAPER_LAYER_NORM * e + _PAPER_SOFTMAX * v + 2 * v
+    return output_frac * per_token * s
+
+
+def paper_train(
+    *,
+    hidden: int,
+    layers: int,
+    seq: int,
+    vocab: int = 30522,
+    embedding: int | None = None,
+    discriminator: bool = False,
+    output_frac: float = 0.15625,
+) -> float:
+    """Training FLOPs per row as flops_computation.py counts them (TransformerHparams with
+    its defaults: FFN 4h, max(1, h // 64) heads; `get_train_flops` for batch 1, 1 step): a
+    masked LM, or with `discriminator` the per-position binary head instead of the MLM head."""
+    h, s, v = hidden, seq, vocab
+    e = h if embedding is None else embedding
+    body = layers * _paper_block(h, s, 4 * h, max(h // 64, 1)) + _paper_embedding(
+        h, s, v, e, False, output_frac
+    )
+    if discriminator:
+        head = float((2 * h * h + h + _PAPER_ACTIVATION * h + 2 * h) * s)
+    else:
+        head = _paper_embedding(h, s, v, e, True, output_frac)
+    return 2.0 * (body + head)
+
+
+def paper_electra_train(
+    *,
+    hidden: int,
+    layers: int,
+    generator_hidden: int,
+    generator_layers: int,
+    seq: int,
+    vocab: int = 30522,
+    embedding: int | None = None,
+    output_frac: float = 0.15625,
+) -> float:
+    """ELECTRA's training FLOPs per row by flops_computation.py (get_electra_train_flops with
+    tied embeddings): discriminator + generator, both with the discriminator's embedding width."""
+    e = hidden if embedding is None else embedding
+    disc = paper_train(
+        hidden=hidden,
+        layers=layers,
+        seq=seq,
+        vocab=vocab,
+        embedding=e,
+        discriminator=True,
+        output_frac=output_frac,
+    )
+    gen = paper_train(
+        hidden=generator_hidden,
+        layers=generator_layers,
+        seq=seq,
+        vocab=vocab,
+        embedding=e,
+        output_frac=output_frac,
+    )
+    return disc + gen

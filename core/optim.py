@@ -22,11 +22,18 @@ names; see `lamb`.
 Fine-tuning uses the same AdamW and schedule through `grid_adamw`: the peak learning
 rate, warmup and length are optax hyperparameters held in the optimizer state
 (`optax.inject_hyperparams`), so one compiled step serves every point of a grid.
+
+ELECTRA (google-research/electra `model/optimization.py`) fine-tunes with the same
+AdamW (wd 0.01, clip 1.0, eps 1e-6), its own warmup form (form "electra") and layer-wise
+learning-rate decay: each parameter's whole update, decoupled weight decay included, is
+scaled by decay ** (depth from the top); see `layer_depth` and `scale_by_layer_depth`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
 
 import gin
 import jax
@@ -36,7 +43,7 @@ from flax import traverse_util
 
 from core.errors import ConfigError
 
-SCHEDULES = ("bert", "fairseq")
+SCHEDULES = ("bert", "fairseq", "electra")
 
 
 def warmup_linear_decay(peak, warmup_steps, total_steps, form: str = "bert") -> optax.Schedule:
@@ -47,6 +54,10 @@ def warmup_linear_decay(peak, warmup_steps, total_steps, form: str = "bert") -> 
     so the rate after warmup starts at peak * (1 - warmup / total).
     form "fairseq" (fairseq `polynomial_decay_schedule.py`, power 1, end 0; RoBERTa): the
     decay starts from the peak at the end of warmup, peak * (1 - (step - W) / (T - W)).
+    form "electra" (google-research/electra `model/optimization.py` `create_optimizer`):
+    BERT's decay over the whole run *multiplied* by the warmup ramp,
+    peak * min(1, step / W) * (1 - step / T), so warmup ends at peak * (1 - W / T) rather
+    than at the peak; after warmup it equals "bert".
 
     `peak`, `warmup_steps` and `total_steps` may be Python numbers or traced arrays
     (fine-tuning injects them); `form` is static.
@@ -56,12 +67,13 @@ def warmup_linear_decay(peak, warmup_steps, total_steps, form: str = "bert") -> 
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
-        warm = peak * step / jnp.maximum(warmup_steps, 1)
-        if form == "bert":
-            remaining = 1.0 - step / jnp.maximum(total_steps, 1)
-        else:
+        if form == "fairseq":
             remaining = 1.0 - (step - warmup_steps) / jnp.maximum(total_steps - warmup_steps, 1)
+        else:
+            remaining = 1.0 - step / jnp.maximum(total_steps, 1)
         decay = peak * jnp.maximum(0.0, remaining)
+        ramp = step / jnp.maximum(warmup_steps, 1)
+        warm = decay * ramp if form == "electra" else peak * ramp
         return jnp.where(step < warmup_steps, warm, decay)
 
     return schedule
@@ -80,6 +92,86 @@ def decay_mask(params) -> dict:
     )
 
 
+_LAYER = re.compile(r"layer_(\d+)")
+
+
+def layer_depth(path: tuple[str, ...], num_layers: int) -> int:
+    """ELECTRA's depth of one parameter of a fine-tuning tree, for layer-wise lr decay.
+
+    path: the parameter's keys, e.g. ("encoder", "layer_3", "output", "kernel").
+    google-research/electra `model/optimization.py` `_get_layer_lrs`: the embeddings and
+    their projection are depth 0, Transformer layer i is depth i + 1 and the task-specific
+    head is depth num_layers + 2. Here `encoder/embeddings/...` and
+    `encoder/embedding_projection/...` are 0, `encoder/layer_{i}/...` is i + 1, and every
+    parameter outside `encoder` (`classifier`, `classifier_dense`) is the head. ELECTRA
+    has no pooler; BERT's `encoder/pooler` reads the top layer and feeds the head, so it
+    takes num_layers + 1, the one depth ELECTRA leaves unused.
+
+    Cross-layer shared parameters (ALBERT's `encoder/shared_*`) serve every depth at once:
+    a ConfigError, as is any other encoder parameter.
+    """
+    if path[0] != "encoder":
+        return num_layers + 2
+    block, name = path[1], "/".join(path)
+    if block in ("embeddings", "embedding_projection"):
+        return 0
+    layer = _LAYER.fullmatch(block)
+    if layer and int(layer[1]) < num_layers:
+        return int(layer[1]) + 1
+    if block == "pooler":
+        return num_layers + 1
+    if block.startswith("shared_"):
+        raise ConfigError(
+            f"layerwise_lr_decay: {name} is shared by every layer (cross-layer sharing) and has no "
+            "depth: set layerwise_lr_decay to None for this model"
+        )
+    raise ConfigError(f"layerwise_lr_decay: no layer depth for {name} (num_layers = {num_layers})")
+
+
+def _depth_factor(decay: float, num_layers: int, depth: int) -> float:
+    # `_get_layer_lrs` verbatim: lr * decay ** (n_layers + 2 - depth). The head (depth
+    # n_layers + 2) trains at lr and the top layer (depth n_layers) at lr * decay ** 2, not
+    # lr * decay: followed as is, since the published results were trained so.
+    return decay ** (num_layers + 2 - depth)
+
+
+def layerwise_lr_factors(params: Any, decay: float, num_layers: int) -> dict:
+    """Each parameter's learning-rate multiplier, decay ** (num_layers + 2 - depth)
+    (`layer_depth`). Returns a tree of Python floats shaped like `params` (nested dicts;
+    any leaf type, nn.Partitioned boxes included)."""
+    flat = traverse_util.flatten_dict(params)
+    return traverse_util.unflatten_dict(
+        {path: _depth_factor(decay, num_layers, layer_depth(path, num_layers)) for path in flat}
+    )
+
+
+def scale_by_layer_depth(decay: float, num_layers: int) -> optax.GradientTransformation:
+    """Multiplies each parameter's update by `layerwise_lr_factors`: an optax.partition over
+    the depth labels (`layer_depth`), one optax.scale per depth. Stateless.
+
+    Placed last in the chain, after the learning rate, so the whole AdamW update, decoupled
+    weight decay included, is scaled: ELECTRA's AdamWeightDecayOptimizer computes
+    `learning_rate[key] * (adam + weight_decay_rate * param)` per layer key.
+    """
+
+    def labels(params):
+        flat = traverse_util.flatten_dict(params)
+        return traverse_util.unflatten_dict({path: layer_depth(path, num_layers) for path in flat})
+
+    scales = {d: optax.scale(_depth_factor(decay, num_layers, d)) for d in range(num_layers + 3)}
+    return optax.partition(scales, labels)
+
+
+def layerwise_decay_on(decay: float | None) -> bool:
+    """Whether `layerwise_lr_decay` asks for any decay (None and 1.0 are off); ConfigError
+    outside (0, 1]."""
+    if decay is None or decay == 1.0:
+        return False
+    if not 0.0 < decay < 1.0:
+        raise ConfigError(f"layerwise_lr_decay must be in (0, 1] (None or 1 = off), got {decay!r}")
+    return True
+
+
 def adamw_chain(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -89,15 +181,24 @@ def adamw_chain(
     weight_decay: float,
     clip_norm: float | None,
     decay_all_parameters: bool = False,
+    layerwise_lr_decay: float | None = None,
+    num_layers: int | None = None,
 ) -> optax.GradientTransformation:
-    """Global-norm clipping (if clip_norm) then optax.adamw.
+    """Global-norm clipping (if clip_norm), optax.adamw, then layer-wise lr decay (if any).
 
     Weight decay skips biases and LayerNorm (`decay_mask`, BERT) unless
     `decay_all_parameters` (fairseq's Adam, and so RoBERTa, decays every parameter).
+    `layerwise_lr_decay` (ELECTRA fine-tuning; None or 1 = off) scales each update by
+    `layerwise_lr_factors` for an encoder of `num_layers` layers. Clipping sees the raw
+    gradients of every parameter, as in ELECTRA's create_optimizer.
     """
     parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
     mask = None if decay_all_parameters else decay_mask
     parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask))
+    if layerwise_decay_on(layerwise_lr_decay):
+        if num_layers is None:
+            raise ValueError("layerwise_lr_decay needs num_layers, the encoder's layer count")
+        parts.append(scale_by_layer_depth(layerwise_lr_decay, num_layers))
     return optax.chain(*parts)
 
 
@@ -173,6 +274,8 @@ def _scheduled_adamw(
     clip_norm,
     schedule,
     decay_all_parameters,
+    layerwise_lr_decay=None,
+    num_layers=None,
 ):
     """`adamw_chain` on `warmup_linear_decay`: `adamw`, and the factory `grid_adamw` injects
     into (every argument named, as optax.inject_hyperparams binds them by name)."""
@@ -184,10 +287,22 @@ def _scheduled_adamw(
         weight_decay=weight_decay,
         clip_norm=clip_norm,
         decay_all_parameters=decay_all_parameters,
+        layerwise_lr_decay=layerwise_lr_decay,
+        num_layers=num_layers,
     )
 
 
-_GRID_STATIC = ("b1", "b2", "eps", "weight_decay", "clip_norm", "schedule", "decay_all_parameters")
+_GRID_STATIC = (
+    "b1",
+    "b2",
+    "eps",
+    "weight_decay",
+    "clip_norm",
+    "schedule",
+    "decay_all_parameters",
+    "layerwise_lr_decay",
+    "num_layers",
+)
 
 
 def grid_adamw(
@@ -199,6 +314,8 @@ def grid_adamw(
     clip_norm: float | None,
     schedule: str = "bert",
     decay_all_parameters: bool = False,
+    layerwise_lr_decay: float | None = None,
+    num_layers: int | None = None,
 ) -> Callable[..., optax.GradientTransformation]:
     """AdamW + `warmup_linear_decay` whose schedule is optimizer state, for hyperparameter grids.
 
@@ -207,10 +324,14 @@ def grid_adamw(
     (optax.inject_hyperparams), so a step compiled with one of them runs a state
     initialised by any other (`make(lr, w, t).init(params)`). `opt_state.hyperparams`
     shows the values; the current learning rate is the schedule at the step count.
-    `schedule` (the decay form) and `decay_all_parameters` are as in `adamw`.
+    `schedule` (the decay form) and `decay_all_parameters` are as in `adamw`;
+    `layerwise_lr_decay` and `num_layers` as in `adamw_chain`. With layer-wise decay the
+    learning rate in the state (and in a grid's results) is the head's, the unscaled one,
+    as ELECTRA's `learning_rate` hparam.
     """
     if schedule not in SCHEDULES:
         raise ConfigError(f"learning-rate schedule form '{schedule}' is not one of {SCHEDULES}")
+    layerwise_decay_on(layerwise_lr_decay)  # a bad value fails here, before any tracing
     fixed = dict(
         b1=b1,
         b2=b2,
@@ -219,6 +340,8 @@ def grid_adamw(
         clip_norm=clip_norm,
         schedule=schedule,
         decay_all_parameters=decay_all_parameters,
+        layerwise_lr_decay=layerwise_lr_decay,
+        num_layers=num_layers,
     )
     injected = optax.inject_hyperparams(_scheduled_adamw, static_args=_GRID_STATIC)
 

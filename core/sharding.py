@@ -185,8 +185,27 @@ class Partitioner:
         self._active.pop().close()
 
     def shardings(self, boxed_tree: Any) -> Any:
-        """NamedShardings of a tree of nn.Partitioned boxes (e.g. jax.eval_shape of an init)."""
-        return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_tree), self.mesh, self.rules)
+        """NamedShardings of a tree of nn.Partitioned boxes (e.g. jax.eval_shape of an init).
+
+        A dimension that its mesh axes do not divide is replicated instead (e.g. the single
+        attention head of ELECTRA-Small's generator on a `tensor:2` mesh): arrays on a
+        mesh must split evenly, and such a dimension is small.
+        """
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_tree), self.mesh, self.rules)
+        # boxed_tree has a box (or a plain array) wherever `shardings` has a leaf.
+        return jax.tree.map(
+            lambda sharding, array: self._divisible(sharding, getattr(array, "value", array).shape),
+            shardings,
+            boxed_tree,
+        )
+
+    def _divisible(self, sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
+        def ways(axes) -> int:
+            names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            return int(np.prod([self.mesh.shape[a] for a in names]))
+
+        spec = tuple(axes if size % ways(axes) == 0 else None for axes, size in zip(sharding.spec, shape))
+        return NamedSharding(self.mesh, PartitionSpec(*spec))
 
     @property
     def batch_sharding(self) -> NamedSharding:

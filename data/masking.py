@@ -219,3 +219,21 @@ def _choose_words(
         (tf.constant(0), tf.zeros(tf.reshape(num_words, [1]), tf.bool), tf.constant(0)),
     )
     return candidate & tf.gather(tf.concat([covered_words, [False]], 0), segment)
+
+
+def mark_maskable(
+    row: Mapping[str, tf.Tensor], *, mask_id: int, never_mask_ids: Sequence[int]
+) -> dict[str, tf.Tensor]:
+    """For masking inside the train step (ELECTRA, PipelineConfig.masking = "in_step"): the
+    row unmasked, plus what the step needs to know of the tokenizer.
+
+    Adds maskable [L] int32 (1 = a real token other than `never_mask_ids` and [MASK]:
+    google-research/electra pretrain_helpers.py `_get_candidates_mask` excludes [CLS],
+    [SEP] and [MASK] and padding) and mask_id [] int32.
+    """
+    ids = row["input_ids"]
+    excluded = tf.reduce_any(
+        ids[:, None] == tf.constant([*never_mask_ids, mask_id], ids.dtype)[None, :], axis=1
+    )
+    maskable = tf.logical_and(tf.cast(row["input_mask"], tf.bool), tf.logical_not(excluded))
+    return dict(row, maskable=tf.cast(maskable, tf.int32), mask_id=tf.constant(mask_id, tf.int32))

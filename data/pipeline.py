@@ -27,7 +27,9 @@ Batches are dicts of numpy-convertible tensors with the keys of docs/architectur
 input_ids, input_mask, segment_ids, positions [B, L] int32; masked_lm_positions,
 masked_lm_ids [B, P] int32; masked_lm_weights [B, P] float32; sentence_label [B] int32
 (absent with sentence_objective "none"); example_ids [B, L] int32 (DOC-SENTENCES only:
-1..k per packed example, 0 = padding; positions restart at 0 in each example).
+1..k per packed example, 0 = padding; positions restart at 0 in each example). With
+masking "in_step" the input_ids are the original tokens and maskable [B, L] int32 and
+mask_id [B] int32 replace the three masked_lm_* keys.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ _SALT_BLOCKS = 15
 _CYCLE_LENGTH = 16
 
 
+# "static": masks drawn from the copy (epoch % dupe_factor), as the original's offline
+# copies; "dynamic": fresh masks every pass (RoBERTa); "in_step": the pipeline does not mask,
+# the objective does inside the train step (ELECTRA): rows carry `maskable` and `mask_id`
+# (data/masking.py mark_maskable) instead of the masked_lm_* keys.
+MASKING_MODES = ("static", "dynamic", "in_step")
 FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
 SENTENCE_OBJECTIVES = ("nsp", "sop", "none")
 
@@ -95,7 +102,7 @@ class PipelineConfig:
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
     next_sentence_prob: float = 0.5  # probability of a NotNext pair (BERT: 0.5)
-    masking: str = "static"  # "static" (dupe_factor seeded copies) or "dynamic" (fresh each pass)
+    masking: str = "static"  # one of MASKING_MODES
     dupe_factor: int = 10
     document_shuffle_buffer: int = 1000  # documents are shuffled within blocks of this many per pass
     instance_shuffle_buffer: int = 10000  # rows, across passes
@@ -106,8 +113,13 @@ class PipelineConfig:
     masking_unit: str = "token"
 
     def __post_init__(self):
-        if self.masking not in ("static", "dynamic"):
-            raise ConfigError(f"PipelineConfig.masking must be 'static' or 'dynamic', got {self.masking!r}")
+        if self.masking not in MASKING_MODES:
+            raise ConfigError(f"PipelineConfig.masking must be one of {MASKING_MODES}, got {self.masking!r}")
+        if self.masking == "in_step" and self.masking_unit != "token":
+            raise ConfigError(
+                "PipelineConfig.masking = 'in_step' masks single tokens inside the train step: "
+                f"set PipelineConfig.masking_unit = 'token' (got {self.masking_unit!r})"
+            )
         if self.max_seq_length < 8:
             raise ConfigError(f"PipelineConfig.max_seq_length={self.max_seq_length} is too short (>= 8)")
         if self.dupe_factor < 1:
@@ -315,6 +327,10 @@ def instance_stream(
         return tf.data.Dataset.range(2**62).flat_map(one_round)
 
     def mask(row, epoch, doc_id, index):
+        if config.masking == "in_step":
+            return masking.mark_maskable(
+                row, mask_id=vocab.mask_id, never_mask_ids=(vocab.cls_id, vocab.sep_id)
+            )
         mask_epoch = copy_of(epoch) if config.masking == "static" else epoch
         mask_seed = instances.derive_seed(base, _SALT_MASK, mask_epoch, doc_id, index)
         return masking.mask_tokens(

@@ -8,10 +8,15 @@
   "roberta": fairseq's RobertaClassificationHead (as HF's): first token -> dropout ->
     dense H -> tanh -> dropout -> dense to the classes. The dense layer is new: RoBERTa
     pretrains no pooler.
+  "electra": google-research/electra `classification_tasks.py` (`get_prediction_module`):
+    the first token's final hidden state (`get_pooled_output` is `sequence_output[:, 0]`,
+    no dense or tanh) -> dropout -> dense to the classes (or the score). HF's
+    ElectraClassificationHead adds a dense + GELU layer first; the original has none.
 
 Parameter tree: `encoder` (models/encoder.py, loaded from the pretrained workdir; with a
 pooler only for the "pooler" head), `classifier_dense/{kernel, bias}` ("roberta" only) and
-`classifier/{kernel, bias}` (new, truncated normal 0.02 / zeros).
+`classifier/{kernel, bias}` (new; zero bias; kernel truncated normal 0.02, except
+"electra": Glorot uniform, the default of the original's `tf.layers.dense`).
 """
 
 from __future__ import annotations
@@ -58,8 +63,14 @@ class ClassifierModel(nn.Module):
             batch["input_ids"], batch["input_mask"], batch["segment_ids"], deterministic=deterministic
         )
         dropout = nn.Dropout(self.classifier_dropout_rate)
+        classifier_init = kernel_init(cfg, (axes.EMBED, None))
         if uses_pooler:
             features = encoded.pooled_output
+        elif cfg.classifier_head == "electra":
+            features = encoded.sequence_output[:, 0]
+            classifier_init = nn.with_logical_partitioning(
+                nn.initializers.glorot_uniform(), (axes.EMBED, None)
+            )
         else:  # "roberta"
             first = dropout(encoded.sequence_output[:, 0], deterministic=deterministic)
             features = jnp.tanh(
@@ -71,7 +82,7 @@ class ClassifierModel(nn.Module):
             self.num_outputs,
             dtype=jnp.float32,
             param_dtype=cfg.storage_dtype,
-            kernel_init=kernel_init(cfg, (axes.EMBED, None)),
+            kernel_init=classifier_init,
             bias_init=bias_init((None,)),
             name="classifier",
         )(features)
@@ -84,8 +95,10 @@ def load_encoder(params: Any, pretrained: Mapping[str, Any], shardings: Any) -> 
     The pooler is taken from pretraining when the head reads it and the checkpoint has
     one (an imported model without one keeps its fresh pooler, with a log line); a
     pretrained pooler that the head does not read (RoBERTa's head, on a checkpoint of a
-    RoBERTa-with-NSP ablation arm) is left out, with a log line. Any other missing,
-    unused or differently shaped encoder parameter is an error.
+    RoBERTa-with-NSP ablation arm) is left out, with a log line. An encoder without a
+    pooler (ELECTRA's discriminator) meets a head that reads none and loads as is. Other
+    subtrees of the pretraining tree (MLM head, ELECTRA's generator) are not read. Any
+    other missing, unused or differently shaped encoder parameter is an error.
     """
     source = traverse_util.flatten_dict(pretrained["encoder"])
     target = traverse_util.flatten_dict(params["encoder"])

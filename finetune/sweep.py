@@ -31,6 +31,7 @@ import jax
 import numpy as np
 import tensorflow as tf
 
+from core import optim
 from core.errors import ConfigError
 from finetune import metrics
 from finetune.tasks import Task
@@ -55,8 +56,13 @@ class Grid:
         (fairseq's --pooler-dropout, 0 in configs/glue/roberta.gin).
       weight_decay, adam_b1, adam_b2, adam_eps, clip_norm: AdamW (RoBERTa: wd 0.1, b2 0.98).
       schedule: the decay form after warmup, "bert" (over the whole run, as BERT's
-        run_classifier.py) or "fairseq" (from the peak at the end of warmup; RoBERTa).
+        run_classifier.py), "fairseq" (from the peak at the end of warmup; RoBERTa) or
+        "electra" (BERT's decay times the warmup ramp; core/optim.py).
       decay_all_parameters: weight decay on biases and LayerNorm too (fairseq; RoBERTa).
+      layerwise_lr_decay: ELECTRA's layer-wise learning-rate decay (core/optim.py
+        `layer_depth`): the head trains at the learning rate, the top layer at lr * d^2,
+        the embeddings at lr * d^(layers + 2); None or 1.0 = off. Not for models with
+        cross-layer sharing (ALBERT).
     """
 
     learning_rates: tuple[float, ...] = (5e-5, 4e-5, 3e-5, 2e-5)
@@ -74,11 +80,13 @@ class Grid:
     clip_norm: float | None = 1.0
     schedule: str = "bert"
     decay_all_parameters: bool = False
+    layerwise_lr_decay: float | None = None
 
     def __post_init__(self):
         for name in ("learning_rates", "batch_sizes", "num_epochs", "seeds"):
             if not getattr(self, name):
                 raise ConfigError(f"Grid.{name} must not be empty")
+        optim.layerwise_decay_on(self.layerwise_lr_decay)  # a bad value fails before any data is read
 
     def runs(self) -> list[RunConfig]:
         """Every (configuration, seed), configurations in grid order, seeds innermost."""
@@ -99,6 +107,7 @@ class Grid:
             clip_norm=self.clip_norm,
             schedule=self.schedule,
             decay_all_parameters=self.decay_all_parameters,
+            layerwise_lr_decay=self.layerwise_lr_decay,
         )
 
 

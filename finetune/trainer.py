@@ -13,10 +13,10 @@ dropped (so small tasks see every example every epoch); the best epoch is kept (
 original code evaluated only the final model).
 
 The step is compiled once per task (`TaskSteps`): the optimizer is core/optim.py's AdamW
-with BERT's schedule, and a grid point's learning rate, warmup and length are optax
-hyperparameters in the optimizer state (`grid_adamw`), so every point of a grid reuses
-the same executable. The train state and its sharded creation are core/state.py's, as
-in pretraining.
+with BERT's schedule (or the family's form, and ELECTRA's layer-wise lr decay), and a
+grid point's learning rate, warmup and length are optax hyperparameters in the
+optimizer state (`grid_adamw`), so every point of a grid reuses the same executable.
+The train state and its sharded creation are core/state.py's, as in pretraining.
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ def predict_step(params, batch, *, model):
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     """The parts of AdamW that stay fixed across a grid (BERT: b2 0.999; RoBERTa: 0.98,
-    fairseq's schedule form, weight decay on every parameter; see core/optim.py)."""
+    fairseq's schedule form, weight decay on every parameter; ELECTRA: its warmup form and
+    layer-wise lr decay; see core/optim.py)."""
 
     weight_decay: float = 0.01
     b1: float = 0.9
@@ -178,6 +179,7 @@ class OptimizerConfig:
     clip_norm: float | None = 1.0
     schedule: str = "bert"
     decay_all_parameters: bool = False
+    layerwise_lr_decay: float | None = None
 
 
 class TaskSteps:
@@ -196,7 +198,9 @@ class TaskSteps:
         config.check_length(max_seq_length, "Grid.max_seq_length")
         self.partitioner, self.task = partitioner, task
         self.model = ClassifierModel(config, task.num_outputs, classifier_dropout_rate)
-        self._make_optimizer = optim.grid_adamw(**dataclasses.asdict(optimizer_config))
+        self._make_optimizer = optim.grid_adamw(
+            **dataclasses.asdict(optimizer_config), num_layers=config.num_layers
+        )
         # Any grid point's transformation has the same update; the values come from the state.
         optimizer = self._make_optimizer(learning_rate=0.0, warmup_steps=0, total_steps=1)
         example = {

@@ -3,19 +3,33 @@
     python -m models.convert import --from=hf:DIR --workdir=OUT   # config.json + model.safetensors
     python -m models.convert import --from=tf:DIR --workdir=OUT   # {bert,albert}_config.json + model.ckpt
     python -m models.convert export --workdir=W --to=hf:OUT
+    # ELECTRA: the discriminator (ElectraForPreTraining) and, optionally, the generator
+    # (ElectraForMaskedLM), published as two folders, are one workdir here
+    python -m models.convert import --from=hf:DISC --generator_from=hf:GEN --workdir=OUT
+    python -m models.convert export --workdir=W --to=hf:DISC --generator_to=hf:GEN
 
-Families: HF model_type bert, roberta and albert; TF1 checkpoints of google-research/bert and
-google-research/albert. An imported workdir is what `models.pretrained.load_pretrained` reads
-(model_config.json, tokenizer/, checkpoints/0/state), so `finetune.glue --init_checkpoint`,
-`models.encode` and `models.predict` take it as it is. `converted_from.json` beside it records
-the source and which optional parts (pooler, MLM head, NSP/SOP head) the source had; parts it
+Families: HF model_type bert, roberta, albert and electra; TF1 checkpoints of
+google-research/bert and google-research/albert. An imported workdir is what
+`models.pretrained.load_pretrained` reads (model_config.json, tokenizer/, checkpoints/0/state),
+so `finetune.glue --init_checkpoint`, `models.encode` and `models.predict` take it as it is.
+`converted_from.json` beside it records the source and which optional parts (pooler, MLM
+head, NSP/SOP head, ELECTRA's discriminator head and generator) the source had; parts it
 lacked are left out of the parameters rather than filled with random values.
 
-Parameter names map one-to-one by the tables below (`BERT`, `ROBERTA`, `ALBERT`): one row per
-module, with our path, its HF name ("{base}" = the `bert.` / `roberta.` / `albert.` prefix
-that HF models with heads put before the encoder) and its TF1 name. `{i}` is the layer index;
-ALBERT's one shared layer is `encoder/shared_layer` (EncoderConfig.sharing = "all"). How a
-module's arrays are laid out differs by framework:
+ELECTRA (models/electra.py): the workdir's `encoder` + `discriminator_head` are the
+discriminator; `generator` + `generator_head` the generator, which reads the discriminator's
+embedding block. A published generator folder holds its own copy of that block: the import
+keeps the discriminator's (and warns if the copies differ), the export writes the copy.
+model_config.json is the discriminator's; the generator's shape is read from its parameters
+(models.pretrained.electra_generator). With a generator only hidden_act='gelu' converts:
+transformers' generator head applies the exact GELU whatever the config says.
+
+Parameter names map one-to-one by the tables below (`BERT`, `ROBERTA`, `ALBERT`, `ELECTRA`,
+`ELECTRA_GENERATOR`): one row per module, with our path, its HF name ("{base}" = the
+`bert.` / `roberta.` / `albert.` / `electra.` prefix that HF models with heads put before the
+encoder) and its TF1 name. `{i}` is the layer index; ALBERT's one shared layer is
+`encoder/shared_layer` (EncoderConfig.sharing = "all"). How a module's arrays are laid out
+differs by framework:
 
     ours             HF (torch)                 TF1
     dense kernel     [in, out]                  weight [out, in]          kernel [in, out]
@@ -52,6 +66,8 @@ from typing import Any
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
 from flax import traverse_util
@@ -61,6 +77,7 @@ from core import workdir as workdir_lib
 from core.errors import UserError
 from data import tokenizers
 from models import pretrained as pretrained_lib
+from models.electra import DiscriminatorHead
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params, resize_vocab_rows
 
@@ -68,8 +85,12 @@ log = logging.getLogger("convert")
 
 CONVERTED_FROM = "converted_from.json"
 # Optional parts of a published model, each all-or-nothing: BertModel has no heads,
-# BertForMaskedLM no pooler and no NSP head, BertForPreTraining everything.
-OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head")
+# BertForMaskedLM no pooler and no NSP head, BertForPreTraining everything. ELECTRA's
+# discriminator head comes with ElectraForPreTraining, its generator (the top-level
+# `generator` and `generator_head`) from a second folder, an ElectraForMaskedLM.
+OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head", "discriminator_head", "generator")
+# The top-level subtrees of an ELECTRA tree that are its generator.
+GENERATOR_PARTS = ("generator", "generator_head")
 
 
 class ConversionError(UserError):
@@ -188,6 +209,23 @@ _ALBERT_HEADS = (
         "cls/seq_relationship",
     ),
 )
+# ELECTRA's heads (HF ElectraDiscriminatorPredictions, ElectraGeneratorPredictions and
+# generator_lm_head), the generator's as the mlm_head of its standalone tree (see ELECTRA_GENERATOR).
+_ELECTRA_HEADS = (
+    ("discriminator_head", "discriminator_head/dense", DENSE, "discriminator_predictions.dense", None),
+    (
+        "discriminator_head",
+        "discriminator_head/prediction",
+        DENSE,
+        "discriminator_predictions.dense_prediction",
+        None,
+    ),
+)
+_ELECTRA_GENERATOR_HEADS = (
+    ("mlm_head", "mlm_head/transform", DENSE, "generator_predictions.dense", None),
+    ("mlm_head", "mlm_head/transform_layer_norm", NORM, "generator_predictions.LayerNorm", None),
+    ("mlm_head", "mlm_head/output_bias", BIAS, "generator_lm_head.bias", None),
+)
 _EMBEDDING_ROWS = ("encoder", "encoder/embeddings/", "{base}embeddings.", "bert/embeddings/")
 
 
@@ -200,14 +238,14 @@ class ModelFormat:
     table: tuple[Module, ...]
     # HF names that duplicate a tied parameter: stored copy -> the name it must equal.
     hf_tied: Mapping[str, str]
-    # HF class for config.json's "architectures", by the heads present: (sentence + MLM, MLM, none).
-    hf_classes: tuple[str | None, str, str]
+    # HF class for config.json's "architectures" by head, the class with the most heads
+    # first; under None the bare model's. A None class: transformers has no such model.
+    hf_classes: Mapping[str | None, str | None]
 
     def hf_architecture(self, groups: set[str]) -> str | None:
-        """The HF class with exactly these heads (None: the family has no sentence head)."""
-        if "sentence_head" in groups:
-            return self.hf_classes[0]
-        return self.hf_classes[1] if "mlm_head" in groups else self.hf_classes[2]
+        """The HF class with exactly these heads (None: transformers has none, e.g. RoBERTa
+        with a sentence head)."""
+        return next(cls for head, cls in self.hf_classes.items() if head is None or head in groups)
 
 
 BERT = ModelFormat(
@@ -228,7 +266,7 @@ BERT = ModelFormat(
         "cls.predictions.decoder.weight": "{base}embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     },
-    hf_classes=("BertForPreTraining", "BertForMaskedLM", "BertModel"),
+    hf_classes={"sentence_head": "BertForPreTraining", "mlm_head": "BertForMaskedLM", None: "BertModel"},
 )
 # fairseq's RoBERTa has no TF checkpoints, and no sentence head (no NSP).
 ROBERTA = ModelFormat(
@@ -243,7 +281,7 @@ ROBERTA = ModelFormat(
         "lm_head.decoder.weight": "{base}embeddings.word_embeddings.weight",
         "lm_head.decoder.bias": "lm_head.bias",
     },
-    hf_classes=(None, "RobertaForMaskedLM", "RobertaModel"),
+    hf_classes={"sentence_head": None, "mlm_head": "RobertaForMaskedLM", None: "RobertaModel"},
 )
 ALBERT = ModelFormat(
     model_type="albert",
@@ -270,9 +308,40 @@ ALBERT = ModelFormat(
         "predictions.decoder.weight": "{base}embeddings.word_embeddings.weight",
         "predictions.decoder.bias": "predictions.bias",
     },
-    hf_classes=("AlbertForPreTraining", "AlbertForMaskedLM", "AlbertModel"),
+    hf_classes={
+        "sentence_head": "AlbertForPreTraining",
+        "mlm_head": "AlbertForMaskedLM",
+        None: "AlbertModel",
+    },
 )
-FORMATS = {f.model_type: f for f in (BERT, ROBERTA, ALBERT)}
+# ELECTRA's encoder (HF ElectraModel): BERT's with an E -> H projection, `embeddings_project`,
+# which exists only when E != H (the rows of arrays a config lacks are skipped). No pooler,
+# no TF1 names (google-research/electra's checkpoints are not read).
+_ELECTRA_ENCODER = (
+    *_rows("encoder", "encoder/embeddings/", "{base}embeddings.", None, _EMBEDDINGS),
+    Module("encoder", "encoder/embedding_projection", DENSE, "{base}embeddings_project", None),
+    *_rows("encoder", "encoder/layer_{i}/", "{base}encoder.layer.{i}.", None, _BERT_LAYER),
+)
+# The discriminator: our `encoder` and `discriminator_head`.
+ELECTRA = ModelFormat(
+    model_type="electra",
+    hf_base="electra.",
+    table=(*_ELECTRA_ENCODER, *(Module(*row) for row in _ELECTRA_HEADS)),
+    hf_tied={},
+    hf_classes={"discriminator_head": "ElectraForPreTraining", None: "ElectraModel"},
+)
+# The generator, as the standalone masked-LM tree of models.pretrained.electra_generator
+# (encoder = the shared embeddings + the generator's projection and layers, mlm_head =
+# generator_head): the layout of an ElectraForMaskedLM folder.
+ELECTRA_GENERATOR = ModelFormat(
+    model_type="electra",
+    hf_base="electra.",
+    table=(*_ELECTRA_ENCODER, *(Module(*row) for row in _ELECTRA_GENERATOR_HEADS)),
+    hf_tied={"generator_lm_head.weight": "{base}embeddings.word_embeddings.weight"},
+    hf_classes={"mlm_head": "ElectraForMaskedLM", None: "ElectraModel"},
+)
+# By config.json's model_type; an ELECTRA folder is read as the discriminator.
+FORMATS = {f.model_type: f for f in (BERT, ROBERTA, ALBERT, ELECTRA)}
 
 
 # --- one parameter: names and layouts -------------------------------------------------
@@ -357,8 +426,13 @@ def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, fram
 
 
 def our_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """Shape of every array of the full PretrainingModel (with NSP head); allocates nothing."""
+    """Shape of every array of the full PretrainingModel (with NSP head) and, for an ELECTRA
+    config (classifier_head 'electra'), of the discriminator head; allocates nothing."""
     tree = nn.meta.unbox(abstract_params(dataclasses.replace(config, pooler=True), sentence_head=True))
+    if config.classifier_head == "electra":
+        hidden = jax.ShapeDtypeStruct((1, 1, config.hidden_size), jnp.float32)
+        head = jax.eval_shape(DiscriminatorHead(config).init, jax.random.key(0), hidden)
+        tree = {**tree, "discriminator_head": nn.meta.unbox(head["params"])}
     return {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
 
 
@@ -403,7 +477,8 @@ def build_params(
     """
     shapes = our_shapes(config)
     by_group: dict[str, list[Param]] = {}
-    for p in params_spec:
+    # Rows of arrays this config does not have (ELECTRA's embeddings_project when E = H).
+    for p in (p for p in params_spec if p.ours in shapes):
         by_group.setdefault(p.group, []).append(p)
     flat, groups, used = {}, [], set()
     for group, members in by_group.items():
@@ -518,6 +593,15 @@ def hf_config_to_ours(hf: Mapping[str, Any], where: str) -> tuple[ModelFormat, E
         extra["position_offset"] = hf.get("pad_token_id", 1) + 1
     if model_type == "albert":
         extra.update(_albert_options(hf, where, "config.json"))
+    if model_type == "electra":
+        # No pooler; fine-tuning reads the first token through ELECTRA's head. E = H is
+        # written as no embedding_size (no projection), as configs/models/electra_base.gin.
+        embedding_size = hf.get("embedding_size", 128)  # ElectraConfig's default
+        extra.update(
+            embedding_size=None if embedding_size == hf.get("hidden_size") else embedding_size,
+            pooler=False,
+            classifier_head="electra",
+        )
     return FORMATS[model_type], _encoder_config(hf, _HF_ACTIVATIONS[act], where, "config.json", **extra)
 
 
@@ -542,7 +626,10 @@ def tf_config_to_ours(tf_config: Mapping[str, Any], albert: bool, where: str) ->
 
 
 def format_of(config: EncoderConfig) -> ModelFormat:
-    """The published family whose layout `config` has (for export)."""
+    """The published family whose layout `config` has (for export); ELECTRA's discriminator
+    is recognised by its classifier head."""
+    if config.classifier_head == "electra" and config.sharing == "none" and config.position_offset == 0:
+        return ELECTRA
     if config.sharing == "all" and config.factorized_embedding and config.position_offset == 0:
         return ALBERT
     if config.sharing == "none" and not config.factorized_embedding:
@@ -550,7 +637,8 @@ def format_of(config: EncoderConfig) -> ModelFormat:
     raise ConversionError(
         f"no published model family has this layout (sharing={config.sharing!r}, embedding_size="
         f"{config.embedding_size}, position_offset={config.position_offset}): HF bert and roberta "
-        "need sharing='none' without factorization, albert sharing='all' with embedding_size != hidden_size"
+        "need sharing='none' without factorization, albert sharing='all' with embedding_size != hidden_size, "
+        "electra classifier_head='electra' with sharing='none'"
     )
 
 
@@ -697,9 +785,8 @@ def _legacy_hf_name(name: str) -> str:
     return re.sub(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight", name)
 
 
-def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str, Any], list[str]]:
-    """config.json and the weights of an HF folder: (family, config, our params, optional groups)."""
-    where = f"hf:{directory}"
+def _read_hf_config(directory: str, where: str) -> dict:
+    """config.json of an HF folder."""
     if not os.path.isdir(directory):
         raise ConversionError(f"{where}: not a directory")
     config_path = os.path.join(directory, "config.json")
@@ -707,8 +794,18 @@ def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str,
         raise ConversionError(
             f"{where}: no config.json: pass a folder written by transformers' save_pretrained"
         )
-    fmt, config = hf_config_to_ours(_read_json(config_path, where), where)
-    tensors = {_legacy_hf_name(k): v for k, v in read_hf_weights(directory, where).items()}
+    return _read_json(config_path, where)
+
+
+def _read_hf_tensors(directory: str, where: str) -> dict[str, np.ndarray]:
+    """Every tensor of an HF folder by its current HF name."""
+    return {_legacy_hf_name(k): v for k, v in read_hf_weights(directory, where).items()}
+
+
+def _hf_params(
+    fmt: ModelFormat, config: EncoderConfig, tensors: Mapping[str, np.ndarray], where: str
+) -> tuple[dict[str, Any], list[str]]:
+    """Our params and optional groups from an HF folder's tensors, laid out as `fmt`."""
     # Models with heads prefix the encoder ("bert."), the bare model (BertModel) does not.
     base = fmt.hf_base if any(k.startswith(fmt.hf_base) for k in tensors) else ""
     spec = expand(fmt, "hf", config.num_layers, hf_base=base)
@@ -724,10 +821,6 @@ def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str,
                     "(our decoder is the word embedding matrix)"
                 )
             used.add(copy)
-    if fmt is ROBERTA:
-        # The family's fine-tuning head (fairseq's RobertaClassificationHead); a pooler only
-        # when the folder has one (RobertaModel does, RobertaForMaskedLM not).
-        config = dataclasses.replace(config, pooler="pooler" in groups, classifier_head="roberta")
     ignored = sorted(k for k in tensors if k not in used and not k.endswith("position_ids"))
     if ignored:
         log.warning(
@@ -736,23 +829,131 @@ def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str,
             len(ignored),
             ", ".join(ignored[:6]),
         )
+    return params, groups
+
+
+def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str, Any], list[str]]:
+    """config.json and the weights of an HF folder: (family, config, our params, optional groups)."""
+    where = f"hf:{directory}"
+    fmt, config = hf_config_to_ours(_read_hf_config(directory, where), where)
+    tensors = _read_hf_tensors(directory, where)
+    if fmt is ELECTRA and any(k.startswith("generator_predictions.") for k in tensors):
+        # An ElectraForMaskedLM: its encoder is the generator, not the model a workdir's
+        # `encoder` is (the discriminator).
+        raise ConversionError(
+            f"{where} is an ELECTRA generator (ElectraForMaskedLM): import the discriminator "
+            f"(ElectraForPreTraining) folder as --from=hf:DIR, with this one as --generator_from={where}"
+        )
+    params, groups = _hf_params(fmt, config, tensors, where)
+    if fmt is ROBERTA:
+        # The family's fine-tuning head (fairseq's RobertaClassificationHead); a pooler only
+        # when the folder has one (RobertaModel does, RobertaForMaskedLM not).
+        config = dataclasses.replace(config, pooler="pooler" in groups, classifier_head="roberta")
     return fmt, config, params, groups
 
 
-def import_hf(directory: str) -> Imported:
-    """Reads an HF model folder (config.json, weights, tokenizer files) into our format."""
+# What ELECTRA's generator takes from the discriminator (models/electra.py generator_config):
+# the embedding block and the settings its own config copies. A generator folder must agree.
+_GENERATOR_SHARED_SETTINGS = (
+    "vocab_size",
+    "embedding_width",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_act",
+    "layer_norm_eps",
+)
+
+
+def _check_generator_activation(config: EncoderConfig) -> None:
+    """transformers' ElectraGeneratorPredictions applies the exact GELU whatever hidden_act
+    says; our generator head (as google-research/electra's) applies hidden_act."""
+    if config.hidden_act != "gelu":
+        raise ConversionError(
+            f"hidden_act={config.hidden_act!r} with a generator: transformers' ELECTRA generator head "
+            "always applies the exact GELU, so only hidden_act='gelu' converts"
+        )
+
+
+def read_electra_generator(
+    directory: str, config: EncoderConfig, shared: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The `generator` and `generator_head` subtrees of an ElectraPretrainingModel tree from an
+    HF ElectraForMaskedLM folder.
+
+    Args:
+      config: the discriminator's config; shared: its `embeddings` subtree, the block the
+        generator reads. The folder's own copy of the embeddings is only compared with it:
+        ELECTRA trains one block, so the copies should be equal; a warning when they are not
+        (the discriminator's is kept).
+    """
+    where = f"hf:{directory}"
+    fmt, generator = hf_config_to_ours(_read_hf_config(directory, where), where)
+    if fmt is not ELECTRA:
+        raise ConversionError(
+            f"{where}: model_type {fmt.model_type!r}: --generator_from takes an ELECTRA generator "
+            "(ElectraForMaskedLM) folder"
+        )
+    for name in _GENERATOR_SHARED_SETTINGS:
+        theirs, ours = getattr(generator, name), getattr(config, name)
+        if theirs != ours:
+            raise ConversionError(
+                f"{where}: the generator's {name} is {theirs!r}, the discriminator's {ours!r}: "
+                "ELECTRA's generator shares the discriminator's embeddings and settings"
+            )
+    try:
+        _check_generator_activation(generator)
+    except ConversionError as e:
+        raise ConversionError(f"{where}: {e}") from None
+    params, groups = _hf_params(ELECTRA_GENERATOR, generator, _read_hf_tensors(directory, where), where)
+    if "mlm_head" not in groups:
+        raise ConversionError(
+            f"{where}: no generator head (generator_predictions.*): --generator_from takes an "
+            "ElectraForMaskedLM folder"
+        )
+    _warn_if_embeddings_differ(params["encoder"].pop("embeddings"), shared, where)
+    return {"generator": params["encoder"], "generator_head": params["mlm_head"]}
+
+
+def _warn_if_embeddings_differ(copy: Mapping[str, Any], shared: Mapping[str, Any], where: str) -> None:
+    """Logs the largest difference between a generator folder's embeddings and the shared block."""
+    theirs, ours = traverse_util.flatten_dict(copy), traverse_util.flatten_dict(shared)
+    diffs = {"/".join(("embeddings", *k)): float(np.abs(theirs[k] - ours[k]).max()) for k in ours}
+    name, diff = max(diffs.items(), key=lambda item: item[1])
+    if diff > 0:
+        log.warning(
+            "%s: the generator's embeddings differ from the discriminator's (max abs diff %.3g in %s): "
+            "ELECTRA shares one embedding block, the discriminator's is kept",
+            where,
+            diff,
+            name,
+        )
+
+
+def import_hf(directory: str, generator_dir: str | None = None) -> Imported:
+    """Reads an HF model folder (config.json, weights, tokenizer files) into our format; for
+    ELECTRA, with `generator_dir` (an ElectraForMaskedLM folder), the generator too."""
     where = f"hf:{directory}"
     fmt, config, params, groups = read_hf_model(directory)
+    source = where
+    if generator_dir is not None:
+        if fmt is not ELECTRA:
+            raise ConversionError(
+                f"{where}: --generator_from is for ELECTRA, this is a {fmt.model_type} model"
+            )
+        params.update(read_electra_generator(generator_dir, config, params["encoder"]["embeddings"]))
+        groups = [*groups, "generator"]
+        source = f"{where} + hf:{generator_dir}"
     tokenizer = read_tokenizer(fmt, directory, where)
     _check_vocab(config, tokenizer, where, "config.json")
-    return Imported(fmt.model_type, config, params, tokenizer, groups, where)
+    return Imported(fmt.model_type, config, params, tokenizer, groups, source)
 
 
 def hf_model_files(
-    config: EncoderConfig, params: Mapping[str, Any], pad_id: int
+    config: EncoderConfig, params: Mapping[str, Any], pad_id: int, fmt: ModelFormat | None = None
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """(config.json contents, tensors by HF name) of our config and parameters."""
-    fmt = format_of(config)
+    """(config.json contents, tensors by HF name) of our config and parameters, laid out as
+    `fmt` (default: the family of `config`, `format_of`)."""
+    fmt = fmt or format_of(config)
     flat = traverse_util.flatten_dict(resize_vocab_rows(params, config.vocab_size))  # no padding rows
     spec = expand(fmt, "hf", config.num_layers, hf_base=fmt.hf_base)
     known = {p.ours for p in spec}
@@ -791,16 +992,25 @@ def hf_model_files(
     }
     if fmt is ALBERT:
         hf_config.update(embedding_size=config.embedding_width, num_hidden_groups=1, inner_group_num=1)
+    elif fmt.model_type == "electra":  # ElectraConfig has learned absolute positions only
+        hf_config["embedding_size"] = config.embedding_width
     else:
         hf_config["position_embedding_type"] = "absolute"
     return hf_config, tensors
 
 
-def write_hf_model(output: str, config: EncoderConfig, params: Mapping[str, Any], pad_id: int) -> str:
-    """Writes config.json and model.safetensors; returns the HF class named in config.json."""
+def write_hf_model(
+    output: str,
+    config: EncoderConfig,
+    params: Mapping[str, Any],
+    pad_id: int,
+    fmt: ModelFormat | None = None,
+) -> str:
+    """Writes config.json and model.safetensors (`hf_model_files`); returns the HF class
+    named in config.json."""
     from safetensors.numpy import save_file
 
-    hf_config, tensors = hf_model_files(config, params, pad_id)
+    hf_config, tensors = hf_model_files(config, params, pad_id, fmt)
     os.makedirs(output, exist_ok=True)
     save_file(tensors, os.path.join(output, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(output, "config.json"), "w") as f:
@@ -808,16 +1018,34 @@ def write_hf_model(output: str, config: EncoderConfig, params: Mapping[str, Any]
     return hf_config["architectures"][0]
 
 
-def export_hf(workdir: str, output: str, step: int | None = None) -> str:
-    """Writes config.json, model.safetensors and tokenizer files of `workdir` to `output`.
+def export_hf(workdir: str, output: str, step: int | None = None, generator_output: str | None = None) -> str:
+    """Writes config.json, model.safetensors and tokenizer files of `workdir` to `output`;
+    of an ELECTRA workdir's generator, with `generator_output`, also to that folder (an
+    ElectraForMaskedLM with its copy of the shared embeddings).
 
-    Returns the HF class written into config.json: the one with exactly the workdir's heads
-    (e.g. BertForPreTraining with MLM + NSP, BertForMaskedLM with only MLM, BertModel without).
+    Returns the HF class written into `output`'s config.json: the one with exactly the
+    workdir's heads (e.g. BertForPreTraining with MLM + NSP, BertForMaskedLM with only MLM,
+    BertModel without; ElectraForPreTraining for an ELECTRA discriminator).
     """
     pretrained = pretrained_lib.load_pretrained(workdir, step)
+    config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
     try:
-        write_hf_tokenizer(pretrained.tokenizer, pretrained.config, output)
-        return write_hf_model(output, pretrained.config, pretrained.params, pretrained.tokenizer.pad_id)
+        if generator_output is not None:
+            if "generator" not in params:
+                raise ConversionError("has no ELECTRA generator to write to --generator_to")
+            _check_generator_activation(config)
+        elif "generator" in params:
+            log.warning(
+                "'%s': the ELECTRA generator is not exported: pass --generator_to=hf:DIR for it", workdir
+            )
+        write_hf_tokenizer(tokenizer, config, output)
+        discriminator = {k: v for k, v in params.items() if k not in GENERATOR_PARTS}
+        architecture = write_hf_model(output, config, discriminator, tokenizer.pad_id)
+        if generator_output is not None:
+            write_hf_tokenizer(tokenizer, config, generator_output)
+            generator_config, generator = pretrained_lib.electra_generator(config, params)
+            write_hf_model(generator_output, generator_config, generator, tokenizer.pad_id, ELECTRA_GENERATOR)
+        return architecture
     except ConversionError as e:
         raise ConversionError(f"'{workdir}': {e}") from None
 
@@ -912,6 +1140,8 @@ def present_groups(params: Mapping[str, Any]) -> list[str]:
         "pooler": "pooler" in params.get("encoder", {}),
         "mlm_head": "mlm_head" in params,
         "sentence_head": "sentence_head" in params,
+        "discriminator_head": "discriminator_head" in params,
+        "generator": "generator" in params,
     }
     return [g for g in OPTIONAL_GROUPS if present[g]]
 
@@ -919,18 +1149,26 @@ def present_groups(params: Mapping[str, Any]) -> list[str]:
 # --- CLI ------------------------------------------------------------------------------
 
 
-def _source(spec: str) -> tuple[str, str]:
+def _source(spec: str, flag: str = "--from") -> tuple[str, str]:
     kind, sep, path = spec.partition(":")
     if not sep or kind not in ("hf", "tf") or not path:
         raise ConversionError(
-            f"--from={spec!r}: write hf:DIR (a transformers folder) or tf:DIR (a TF1 checkpoint)"
+            f"{flag}={spec!r}: write hf:DIR (a transformers folder) or tf:DIR (a TF1 checkpoint)"
         )
     return kind, path
 
 
-def run_import(source: str, workdir: str) -> Imported:
+def run_import(source: str, workdir: str, generator_source: str | None = None) -> Imported:
     kind, path = _source(source)
-    imported = import_hf(path) if kind == "hf" else import_tf(path)
+    if generator_source is None:
+        imported = import_hf(path) if kind == "hf" else import_tf(path)
+    else:
+        generator_kind, generator_path = _source(generator_source, "--generator_from")
+        if (kind, generator_kind) != ("hf", "hf"):
+            raise ConversionError(
+                "ELECTRA imports from transformers folders only: --from=hf:DIR --generator_from=hf:DIR"
+            )
+        imported = import_hf(path, generator_path)
     write_workdir(workdir, imported)
     return imported
 
@@ -947,20 +1185,47 @@ def build_parser():
         "--from",
         dest="source",
         required=True,
-        help="hf:DIR (a transformers folder) or tf:DIR (a TF1 checkpoint)",
+        help="hf:DIR (a transformers folder) or tf:DIR (a TF1 checkpoint); for ELECTRA the "
+        "discriminator (ElectraForPreTraining)",
+    )
+    imp.add_argument(
+        "--generator_from",
+        dest="generator_source",
+        default=None,
+        help="ELECTRA only: hf:DIR, the generator (ElectraForMaskedLM) to import with the "
+        "discriminator (optional; fill-mask needs it)",
     )
     imp.add_argument("--workdir", required=True, help="new workdir to write")
     exp = commands.add_parser("export", help="a workdir -> a transformers folder")
     exp.add_argument("--workdir", required=True, help="pretraining or imported workdir")
-    exp.add_argument("--to", dest="target", required=True, help="hf:DIR, the folder to write")
+    exp.add_argument(
+        "--to",
+        dest="target",
+        required=True,
+        help="hf:DIR, the folder to write (ELECTRA: the discriminator, ElectraForPreTraining)",
+    )
+    exp.add_argument(
+        "--generator_to",
+        dest="generator_target",
+        default=None,
+        help="ELECTRA only: hf:DIR, a second folder for the generator (ElectraForMaskedLM); "
+        "without it the generator is not exported",
+    )
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     return parser
+
+
+def _hf_target(spec: str, flag: str) -> str:
+    kind, _, path = spec.partition(":")
+    if kind != "hf" or not path:
+        raise ConversionError(f"{flag}={spec!r}: write hf:DIR (export to TF1 is not supported)")
+    return path
 
 
 def _run(args) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "import":
-        imported = run_import(args.source, args.workdir)
+        imported = run_import(args.source, args.workdir, args.generator_source)
         c = imported.config
         print(
             f"imported {imported.model_type} ({c.num_layers} layers, hidden {c.hidden_size}, "
@@ -968,11 +1233,13 @@ def _run(args) -> None:
             f"-> {args.workdir}"
         )
         return
-    kind, _, path = args.target.partition(":")
-    if kind != "hf" or not path:
-        raise ConversionError(f"--to={args.target!r}: write hf:DIR (export to TF1 is not supported)")
-    architecture = export_hf(args.workdir, path, args.step)
-    print(f"exported {args.workdir} -> {path} ({architecture}, model.safetensors)")
+    path = _hf_target(args.target, "--to")
+    generator_path = (
+        None if args.generator_target is None else _hf_target(args.generator_target, "--generator_to")
+    )
+    architecture = export_hf(args.workdir, path, args.step, generator_path)
+    generator = "" if generator_path is None else f"; generator -> {generator_path} (ElectraForMaskedLM)"
+    print(f"exported {args.workdir} -> {path} ({architecture}, model.safetensors){generator}")
 
 
 main = cli.entry(build_parser, _run)

@@ -63,7 +63,7 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-CLASSIFIER_HEADS = ("pooler", "roberta")
+CLASSIFIER_HEADS = ("pooler", "roberta", "electra")
 _ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
 # Cross-layer parameter sharing (ALBERT, arXiv 1909.11942 Table 4): which sub-blocks
 # all layers share. See the module docstring for the parameter trees.
@@ -117,7 +117,8 @@ class EncoderConfig:
       classifier_head: the family's fine-tuning head, one of CLASSIFIER_HEADS
         (finetune/model.py): "pooler" (BERT, ALBERT: dropout -> dense on the pooled
         output) or "roberta" (fairseq's RobertaClassificationHead: dropout -> dense ->
-        tanh -> dropout -> dense on the first token).
+        tanh -> dropout -> dense on the first token) or "electra" (google-research/electra
+        classification_tasks.py: dropout -> dense on the first token's hidden state).
       vocab_pad_multiple: the word table and the MLM output bias get `padded_vocab_size`
         rows, vocab_size rounded up to this multiple (128 for TPU lanes / GPU tiles; 1 =
         none), so the [P, E] x [E, V] decoder matmul runs on aligned shapes. The extra
@@ -564,6 +565,8 @@ class Encoder(nn.Module):
         example_ids: jax.Array | None = None,
         *,
         deterministic: bool,
+        embedded: tuple[jax.Array, jax.Array] | None = None,
+        embeddings_only: bool = False,
     ) -> EncoderOutput:
         """Encodes a batch.
 
@@ -573,13 +576,25 @@ class Encoder(nn.Module):
             added in the embeddings); default 0..L-1 in every row.
           example_ids: [B, L] int32 packed-example ids (0 = pad), or None without packing.
           deterministic: False in training: enables dropout (rng collection "dropout").
+          embedded: another encoder's embedding block output (its `embeddings_only`
+            call: the [B, L, E] embeddings and the [padded V, E] table) used instead of
+            an embedding block of this encoder's own, which it then does not have:
+            ELECTRA's generator reads the discriminator's embeddings (models/electra.py).
+            `input_ids` and `segment_ids` are then unused.
+          embeddings_only: stop after the embedding block: `sequence_output` is its
+            [B, L, E] output (after LayerNorm and dropout, before any E -> H projection).
         """
         cfg = self.config
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
-        x, word_embeddings = Embeddings(cfg, name="embeddings")(
-            input_ids, segment_ids, positions, deterministic=deterministic
-        )
+        if embedded is None:
+            x, word_embeddings = Embeddings(cfg, name="embeddings")(
+                input_ids, segment_ids, positions, deterministic=deterministic
+            )
+        else:
+            x, word_embeddings = embedded
+        if embeddings_only:
+            return EncoderOutput(sequence_output=x, pooled_output=None, word_embeddings=word_embeddings)
         if cfg.factorized_embedding:
             # ALBERT's embedding_hidden_mapping_in. The original (google-research/albert
             # modeling.py) applies it only when E != H; HF's AlbertTransformer always has it.

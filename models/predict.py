@@ -1,4 +1,5 @@
-"""Fill-mask: the top-k tokens a workdir's MLM head predicts for each mask in a text.
+"""Fill-mask: the top-k tokens a workdir's MLM head predicts for each mask in a text (an
+ELECTRA workdir's generator head: its discriminator has none).
 
     python -m models.predict --workdir=W --text "Paris is the [MASK] of France." [--text ...] [--top_k=5]
 
@@ -62,16 +63,24 @@ def fill_mask_ids(
 ) -> list[list[list[tuple[str, float]]]]:
     """`fill_mask` for rows already tokenized (`[CLS] ... [SEP]` ids with the mask id at the
     positions to fill): for each row, for each mask, the top_k (token, probability) pairs."""
-    config, tokenizer = pretrained.config, pretrained.tokenizer
-    if "mlm_head" not in pretrained.params:
+    config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
+    if "generator" in params:
+        # ELECTRA: the generator is the masked LM (the discriminator only scores tokens).
+        config, params = pretrained_lib.electra_generator(config, params)
+    elif "discriminator_head" in params:
+        raise encode_lib.EncodeError(
+            "the workdir is an ELECTRA discriminator without its generator: the discriminator has no "
+            "MLM head; import the generator too (models.convert import --generator_from=hf:DIR)"
+        )
+    if "mlm_head" not in params:
         raise encode_lib.EncodeError(
             "the workdir has no MLM head (it was imported from a model without one, e.g. BertModel): "
             "fill-mask needs it"
         )
     # The MLM head does not read the pooler: leave it out, whether the model has one or not.
     params = {
-        "encoder": {k: v for k, v in pretrained.params["encoder"].items() if k != "pooler"},
-        "mlm_head": pretrained.params["mlm_head"],
+        "encoder": {k: v for k, v in params["encoder"].items() if k != "pooler"},
+        "mlm_head": params["mlm_head"],
     }
     model = BertPretrainingModel(dataclasses.replace(config, pooler=False), sentence_head=False)
     # One batch, padded to the longest row and to the most masks of a row: one compilation.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 class Pretrained:
     """A pretrained model as plain host data.
 
-    params: the PretrainingModel parameter tree ({'encoder', 'mlm_head', ['sentence_head']})
-      as float NumPy arrays, whatever mesh it was trained on.
+    params: the PretrainingModel parameter tree ({'encoder', 'mlm_head', ['sentence_head']},
+      or ELECTRA's {'encoder', 'discriminator_head', ['generator', 'generator_head']}) as
+      float NumPy arrays, whatever mesh it was trained on.
     """
 
     config: EncoderConfig
@@ -87,6 +89,39 @@ def load_pretrained(workdir: str, step: int | None = None) -> Pretrained:
         )
     params, step = workdir_lib.load_params(workdir, step)
     return Pretrained(config=config, params=params, tokenizer=tokenizer, step=step)
+
+
+def electra_generator(
+    config: EncoderConfig, params: Mapping[str, Any]
+) -> tuple[EncoderConfig, dict[str, Any]]:
+    """ELECTRA's generator (models/electra.py) as a masked-LM model of its own, the form of
+    transformers' ElectraForMaskedLM: its EncoderConfig and a BertPretrainingModel tree
+    {encoder: the shared embeddings + the generator's projection and layers, mlm_head:
+    generator_head}, for the ELECTRA tree `params` of the discriminator's `config`.
+
+    BertPretrainingModel(that config, sentence_head=False) computes what
+    ElectraPretrainingModel's generator does: the same embedding block (its config keeps the
+    discriminator's embedding width, vocab, positions and types), then the generator's own
+    E -> H_g projection (when E != H_g), layers and head. The workdir records only the
+    discriminator's config, so the generator's shape is read from its layer_0: H_g and N
+    from the query kernel [H_g, N, D], F from the intermediate kernel [H_g, F].
+    """
+    generator = params["generator"]
+    hidden, heads, _ = np.shape(generator["layer_0"]["attention"]["query"]["kernel"])
+    generator_config = dataclasses.replace(
+        config,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=np.shape(generator["layer_0"]["intermediate"]["kernel"])[1],
+        num_layers=sum(name.startswith("layer_") for name in generator),
+        embedding_size=config.embedding_width,
+        pooler=False,
+    )
+    tree = {
+        "encoder": {"embeddings": params["encoder"]["embeddings"], **generator},
+        "mlm_head": params["generator_head"],
+    }
+    return generator_config, tree
 
 
 def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: shards.Manifest) -> Any:

@@ -83,7 +83,12 @@ def abstract_params(config: EncoderConfig, sentence_head: bool = True) -> Any:
 
 
 # The arrays with one row per vocabulary entry (EncoderConfig.padded_vocab_size rows).
-VOCAB_ROWS = (("encoder", "embeddings", "word_embeddings", "embedding"), ("mlm_head", "output_bias"))
+# ELECTRA's generator head (models/electra.py) decodes with the same table.
+VOCAB_ROWS = (
+    ("encoder", "embeddings", "word_embeddings", "embedding"),
+    ("mlm_head", "output_bias"),
+    ("generator_head", "output_bias"),
+)
 
 
 def resize_vocab_rows(params: Mapping[str, Any], rows: int) -> dict[str, Any]:

@@ -9,13 +9,20 @@ own process on `--gin_file` (the shared base run, default the demo run) + the ar
 `run.data_dir`, `EncoderConfig.vocab_size` (from the shards' manifest) and `run.steps`,
 with the base run's seeds, into DIR/<arm>. An arm
 whose summary.json shows it finished is skipped, and an interrupted one resumes, so
-running the command again completes a grid. Arms must see the same number of training
-tokens (batch_size x max_seq_length x steps): a grid whose arms differ is refused.
+running the command again completes a grid.
 
-Writes DIR/results.md (one row per arm: every held-out metric the arms' objectives
+What the arms share (`--budget`, default the grid's budget.txt, else tokens): "tokens":
+the same batch_size x max_seq_length x steps (a grid whose arms differ is refused);
+"flops": the same model training FLOPs (core/flops.py), the costliest arm training
+`--steps` and the others proportionally more (configs/ablations/electra_vs_mlm: ELECTRA's
+claim is per FLOP). `--finetune_gin=configs/glue/demo.gin` then fine-tunes every arm on
+the offline GLUE demo task (finetune/demo_task.py) into DIR/<arm>_glue.
+
+Writes DIR/results.md (one row per arm: steps, training FLOPs by our count and by the
+ELECTRA paper's flops_computation.py, every held-out metric the arms' objectives
 evaluate, e.g. MLM loss and accuracy and the sentence accuracy on the arm's own sentence
-task, and the arm's training tokens/s) and DIR/eval_curves.png (the objective's headline
-metric and the loss, held out, vs step, for every arm).
+task, the arm's training tokens/s, and the demo task's median dev score when fine-tuned)
+and DIR/eval_curves.png (the first arm's headline metric and the loss, held out, vs step).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from core import cli
 from core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUDGETS = ("tokens", "flops")
 
 
 class AblationError(UserError):
@@ -46,21 +54,52 @@ def grid_arms(grid: str) -> dict[str, str]:
     return {os.path.splitext(os.path.basename(f))[0]: f for f in files}
 
 
-def arm_budget(gin_files: list[str], bindings: list[str]) -> dict[str, int]:
-    """steps, batch_size, max_seq_length and their product (tokens) of one arm's config."""
+def arm_budget(gin_files: list[str], bindings: list[str]) -> dict[str, float]:
+    """One arm's steps, batch_size, max_seq_length, tokens (their product), and model FLOPs per
+    step: ours (core/flops.py, `flops_per_step`) and, where the objective defines it, the
+    count of the ELECTRA paper's flops_computation.py (`paper_flops_per_step`)."""
     import gin
 
     from data.pipeline import PipelineConfig
+    from models.encoder import EncoderConfig
     from pretrain import trainer  # noqa: F401  (registers what the run files bind)
+    from pretrain.objectives import make_objective
 
     gin.clear_config()
     cli.parse_gin(gin_files, bindings)
-
     steps = gin.query_parameter("run.steps")
     batch = gin.query_parameter("run.batch_size")
-    seq = PipelineConfig().max_seq_length
+    data = PipelineConfig()
+    objective = make_objective(EncoderConfig(), data)
+    seq, predictions = data.max_seq_length, data.max_predictions_per_seq
+    paper = objective.paper_flops_per_row(seq, predictions)
     gin.clear_config()
-    return {"steps": steps, "batch_size": batch, "max_seq_length": seq, "tokens": steps * batch * seq}
+    return {
+        "steps": steps,
+        "batch_size": batch,
+        "max_seq_length": seq,
+        "tokens": steps * batch * seq,
+        "flops_per_step": batch * objective.flops_per_row(seq, predictions),
+        "paper_flops_per_step": None if paper is None else batch * paper,
+    }
+
+
+def equalize(budgets: dict[str, dict], budget: str, steps: int | None) -> dict[str, int]:
+    """{arm: training steps}. "tokens": every arm its configured steps (or `steps`), and the
+    arms must see the same tokens. "flops": the arm with the most FLOPs per step trains
+    `steps` (default: its configured steps) and every other arm as many steps as spend the
+    same model FLOPs (rounded; within half a step of theirs)."""
+    if budget == "tokens":
+        if len({b["tokens"] for b in budgets.values()}) > 1:
+            raise AblationError(
+                "arms see different numbers of training tokens (steps x batch x length): "
+                + ", ".join(f"{n} {b['tokens']}" for n, b in budgets.items())
+                + "; make the arms' batch_size x max_seq_length x steps equal"
+            )
+        return {name: b["steps"] for name, b in budgets.items()}
+    costliest = max(budgets.values(), key=lambda b: b["flops_per_step"])
+    total = (steps or costliest["steps"]) * costliest["flops_per_step"]
+    return {name: max(1, round(total / b["flops_per_step"])) for name, b in budgets.items()}
 
 
 def run_arm(name: str, gin_files: list[str], workdir: str, bindings: list[str]) -> dict:
@@ -90,7 +129,33 @@ def eval_curve(workdir: str) -> list[dict]:
         return [r for r in map(json.loads, f) if r["split"] == "eval"]
 
 
-def write_results(directory: str, grid: str, summaries: dict[str, dict], steps: int) -> str:
+def finetune_demo(workdir: str, glue_dir: str, gin_file: str) -> dict:
+    """Fine-tunes one arm's model on the offline GLUE demo task (finetune/demo_task.py) in
+    its own process, into ARM_glue/; returns its results.json (`tasks.word_order`)."""
+    out = f"{workdir}_glue"
+    command = [sys.executable, "-m", "finetune.glue", f"--init_checkpoint={workdir}", "--tasks=word_order"]
+    command += [f"--glue_dir={glue_dir}", f"--workdir={out}", f"--gin_file={gin_file}"]
+    print(f"{os.path.basename(workdir)}: fine-tuning ({' '.join(command[2:])})", flush=True)
+    result = subprocess.run(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        log = f"{out}.stderr.log"
+        with open(log, "w") as f:
+            f.write(result.stderr)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        reason = errors[-1] if errors else f"exit status {result.returncode}"
+        raise AblationError(f"fine-tuning {workdir} failed ({reason}); its output is in {log}")
+    with open(os.path.join(out, "results.json")) as f:
+        return json.load(f)
+
+
+def write_results(
+    directory: str,
+    grid: str,
+    summaries: dict[str, dict],
+    budgets: dict[str, dict],
+    budget: str,
+    finetuned: dict[str, dict] | None = None,
+) -> str:
     """DIR/results.md and DIR/eval_curves.png; returns the markdown table."""
     import matplotlib
 
@@ -104,17 +169,31 @@ def write_results(directory: str, grid: str, summaries: dict[str, dict], steps: 
     # task shows "-" in its columns).
     metrics = list(dict.fromkeys(m for s in summaries.values() for m in s["eval"]))
     metrics.sort(key=lambda m: m != "loss")
+    same = "tokens" if budget == "tokens" else "model FLOPs (core/flops.py)"
+    columns = ["steps", "train FLOPs", "paper's count", *metrics, "tokens/s"]
+    if finetuned:
+        columns.append("demo task dev (median)")
     lines = [
-        f"Grid `{grid}`, {steps} steps per arm, same data, seed and tokens per arm; held-out metrics.",
+        f"Grid `{grid}`: same data and seed, the same {same} per arm; held-out metrics of each "
+        "arm's own objective. Training FLOPs by our count (core/flops.py) and by the ELECTRA "
+        "paper's flops_computation.py.",
         "",
-        "| arm | " + " | ".join(metrics) + " | tokens/s |",
-        "|---|" + "---|" * (len(metrics) + 1),
+        "| arm | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
     ]
     for name, s in summaries.items():
-        values = [fmt(s["eval"].get(m)) for m in metrics]
-        lines.append(
-            f"| {name} | " + " | ".join(values) + f" | {fmt(s.get('tokens_per_second'), '{:.0f}')} |"
-        )
+        b = budgets[name]
+        paper = b["paper_flops_per_step"]
+        values = [
+            str(s["step"]),
+            fmt(s["step"] * b["flops_per_step"], "{:.3e}"),
+            fmt(None if paper is None else s["step"] * paper, "{:.3e}"),
+            *[fmt(s["eval"].get(m)) for m in metrics],
+            fmt(s.get("tokens_per_second"), "{:.0f}"),
+        ]
+        if finetuned:
+            values.append(fmt(finetuned[name]["tasks"]["word_order"]["score_median"]))
+        lines.append(f"| {name} | " + " | ".join(values) + " |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(directory, "results.md"), "w") as f:
         f.write(table)
@@ -141,9 +220,39 @@ def build_parser():
     parser.add_argument("--data_dir", required=True, help="shards (data.preprocess) every arm reads")
     cli.add_gin_flags(parser, default_files=["configs/runs/demo.gin"])
     parser.add_argument(
-        "--steps", type=int, default=None, help="training steps of every arm (default: the base run's)"
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps of every arm (budget flops: of the costliest arm); default: the base run's",
+    )
+    parser.add_argument(
+        "--budget",
+        choices=BUDGETS,
+        default=None,
+        help="what the arms share: 'tokens' (steps x batch x length) or 'flops' (model FLOPs: "
+        "cheaper arms train more steps); default: the grid folder's budget.txt, else tokens",
+    )
+    parser.add_argument(
+        "--finetune_gin",
+        default=None,
+        help="also fine-tune every arm on the offline GLUE demo task with this grid "
+        "(e.g. configs/glue/demo.gin) and report its dev score",
     )
     return parser
+
+
+def grid_budget(grid: str, flag: str | None) -> str:
+    """The --budget flag, else the grid's budget.txt ("tokens" or "flops"), else "tokens"."""
+    if flag:
+        return flag
+    path = os.path.join(grid, "budget.txt")
+    if not os.path.exists(path):
+        return "tokens"
+    with open(path) as f:
+        value = f.read().strip()
+    if value not in BUDGETS:
+        raise AblationError(f"{path} says {value!r}: write one of {BUDGETS}")
+    return value
 
 
 def _run(args) -> None:
@@ -154,21 +263,27 @@ def _run(args) -> None:
     base = cli.gin_files(args)
     vocab_size = shards.load_manifest(args.data_dir).vocab_size
     shared = [f"run.data_dir='{args.data_dir}'", f"EncoderConfig.vocab_size={vocab_size}", *args.gin_bindings]
-    steps = [f"run.steps={args.steps}"] if args.steps is not None else []
+    budget = grid_budget(args.grid, args.budget)
+    steps = [f"run.steps={args.steps}"] if args.steps is not None and budget == "tokens" else []
     budgets = {name: arm_budget([*base, f], shared + steps) for name, f in arms.items()}
-    if len({b["tokens"] for b in budgets.values()}) > 1:
-        raise AblationError(
-            "arms see different numbers of training tokens (steps x batch x length): "
-            + ", ".join(f"{n} {b['tokens']}" for n, b in budgets.items())
-            + "; make the arms' batch_size x max_seq_length x steps equal"
-        )
+    arm_steps = equalize(budgets, budget, args.steps)
     os.makedirs(args.workdir, exist_ok=True)
     summaries = {}
     for name, arm_file in arms.items():
-        bindings = [*shared, f"run.steps={budgets[name]['steps']}"]
+        bindings = [*shared, f"run.steps={arm_steps[name]}"]
         summaries[name] = run_arm(name, [*base, arm_file], os.path.join(args.workdir, name), bindings)
-    steps = next(iter(budgets.values()))["steps"]
-    print(write_results(args.workdir, args.grid, summaries, steps))
+    finetuned = None
+    if args.finetune_gin:
+        glue_dir = os.path.join(args.workdir, "glue_data")
+        if not os.path.exists(os.path.join(glue_dir, "WordOrder", "dev.tsv")):
+            subprocess.run(
+                [sys.executable, "-m", "finetune.demo_task", f"--output={glue_dir}"], cwd=ROOT, check=True
+            )
+        finetuned = {
+            name: finetune_demo(os.path.join(args.workdir, name), glue_dir, args.finetune_gin)
+            for name in arms
+        }
+    print(write_results(args.workdir, args.grid, summaries, budgets, budget, finetuned))
     print(f"results: {args.workdir}/results.md, {args.workdir}/eval_curves.png")
 
 

@@ -34,6 +34,15 @@ def stream_keys(key: jax.Array, streams: tuple[str, ...]) -> dict[str, jax.Array
     return {name: key if i == 0 else jax.random.fold_in(key, i) for i, name in enumerate(streams)}
 
 
+def with_row_index(batch: Mapping[str, jax.Array], objective: Objective) -> dict[str, jax.Array]:
+    """The batch, plus `row_index` [B] int32 (each row's place in the global batch) when the
+    objective draws randomness per row (`Objective.row_streams`)."""
+    if not objective.row_streams:
+        return dict(batch)
+    rows = jnp.arange(next(iter(batch.values())).shape[0], dtype=jnp.int32)
+    return dict(batch, row_index=nn.with_logical_constraint(rows, (axes.BATCH,)))
+
+
 def split_microbatches(batch: Mapping[str, jax.Array], k: int) -> dict[str, jax.Array]:
     """[B, ...] -> [k, B/k, ...]; microbatch j holds rows j, j+k, ... so that every
     device's rows contribute to every microbatch (no resharding between them)."""
@@ -66,8 +75,9 @@ def train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on the global batch, optionally accumulated over microbatches.
 
-    The random keys are fold_in(rng, step) per stream (and the microbatch index):
-    resumable and independent of the loop. With k microbatches the gradients of k slices,
+    The random keys are fold_in(rng, step) per stream (and the microbatch index, except for
+    the objective's `row_streams`, drawn per row of the global batch): resumable and
+    independent of the loop. With k microbatches the gradients of k slices,
     each normalised by the whole batch's counts (`objective.normalizers`), are summed in a
     `lax.scan`: the optimizer sees the same gradient as one step on the full batch, with
     1/k of the activations.
@@ -79,6 +89,7 @@ def train_step(
     skips.
     """
     keys = stream_keys(jax.random.fold_in(rng, state.step), objective.rng_streams)
+    batch = with_row_index(batch, objective)
     normalizers = objective.normalizers(batch)
     if microbatches == 1:
         loss, grads, sums = _loss_grads_sums(state.params, batch, keys, normalizers, objective)
@@ -87,7 +98,12 @@ def train_step(
 
         def accumulate(total, xs):
             index, microbatch = xs
-            micro_keys = {name: jax.random.fold_in(key, index) for name, key in keys.items()}
+            # Row streams keep the step's key: the objective draws from it per global row
+            # (`row_index`), so k microbatches draw what the whole batch draws.
+            micro_keys = {
+                name: key if name in objective.row_streams else jax.random.fold_in(key, index)
+                for name, key in keys.items()
+            }
             out = _loss_grads_sums(state.params, microbatch, micro_keys, normalizers, objective)
             return jax.tree.map(jnp.add, total, out), None
 
@@ -125,6 +141,7 @@ def train_step(
 def eval_step(params, batch: Mapping[str, jax.Array], index: jax.Array, *, objective: Objective):
     """Metric sums of held-out batch number `index` (no dropout; fixed keys for sampling)."""
     keys = stream_keys(jax.random.fold_in(jax.random.key(_EVAL_SEED), index), objective.rng_streams)
+    batch = with_row_index(batch, objective)
     return objective.loss(params, batch, keys, objective.normalizers(batch), train=False)[1]
 
 

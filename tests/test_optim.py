@@ -1,14 +1,19 @@
-"""Optimizers: which parameters get weight decay, the warmup/linear-decay schedule, and
-ALBERT's LAMB (trust ratio, masked like the weight decay)."""
+"""Optimizers: which parameters get weight decay, the warmup/linear-decay schedule,
+ALBERT's LAMB (trust ratio, masked like the weight decay), and ELECTRA's warmup form and
+layer-wise learning-rate decay (against google-research/electra's formulas)."""
+
+import dataclasses
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import traverse_util
 
-from core import optim
+from core import optim, sharding
+from core.errors import ConfigError
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params
 
@@ -214,3 +219,150 @@ def test_decay_all_parameters_decays_layernorm_and_biases():
         updates, _ = optimizer.update(zeros, optimizer.init(params), params)
         moved = {path[-1] for path, u in traverse_util.flatten_dict(updates).items() if np.any(np.asarray(u))}
         assert moved == decayed
+
+
+# --- ELECTRA: warmup form and layer-wise learning-rate decay -------------------------------
+
+
+def _electra_lr(step: int, peak: float, warmup: float, total: int) -> float:
+    """google-research/electra model/optimization.py `create_optimizer`: polynomial_decay
+    (power 1, end 0) times min(1, step / warmup_steps)."""
+    decayed = peak * (1 - min(step, total) / total)
+    return decayed * min(1.0, step / warmup)
+
+
+def test_electra_schedule_multiplies_the_decay_by_the_warmup_ramp():
+    schedule = optim.warmup_linear_decay(1e-4, 10, 100, "electra")
+    steps = np.arange(110)
+    expected = [_electra_lr(step, 1e-4, 10, 100) for step in steps]
+    np.testing.assert_allclose(np.asarray(schedule(steps)), expected, rtol=1e-5, atol=1e-12)
+    # Warmup ends at peak * (1 - W / T), where BERT's form reaches the peak; then they agree.
+    bert = optim.warmup_linear_decay(1e-4, 10, 100)
+    np.testing.assert_allclose(float(schedule(9)), 1e-4 * 0.9 * 0.91, rtol=1e-6)
+    np.testing.assert_allclose(float(bert(9)), 1e-4 * 0.9, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(40)), float(bert(40)), rtol=1e-6)
+    assert float(optim.warmup_linear_decay(1e-4, 0, 100, "electra")(0)) == np.float32(1e-4)
+
+
+ELECTRA_TINY = EncoderConfig(
+    vocab_size=100,
+    hidden_size=16,
+    num_layers=11,  # layer_1 and layer_10: the original's keys end in "/" so as not to mix them
+    num_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+    embedding_size=8,  # != hidden_size: an embedding_projection, at depth 0
+    pooler=False,
+    classifier_head="electra",
+)
+
+
+def _electra_finetuning_params(config=ELECTRA_TINY) -> dict:
+    """The fine-tuning tree of ClassifierModel (3 classes), abstract and unboxed."""
+    from finetune.model import ClassifierModel
+
+    inputs = {k: jnp.zeros((1, 8), jnp.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+    model = ClassifierModel(config, 3)
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), inputs, deterministic=True)["params"])
+    return nn.meta.unbox(boxed)
+
+
+def _original_layer_lrs(learning_rate: float, layer_decay: float, n_layers: int) -> dict[str, float]:
+    """google-research/electra model/optimization.py `_get_layer_lrs`, verbatim."""
+    key_to_depths = {"/embeddings/": 0, "/embeddings_project/": 0, "task_specific/": n_layers + 2}
+    for layer in range(n_layers):
+        key_to_depths["encoder/layer_" + str(layer) + "/"] = layer + 1
+    return {
+        key: learning_rate * (layer_decay ** (n_layers + 2 - depth)) for key, depth in key_to_depths.items()
+    }
+
+
+def _original_name(path: tuple[str, ...]) -> str:
+    """Our fine-tuning path -> the variable name in ELECTRA's graph (run_finetuning.py)."""
+    if path[0] != "encoder":
+        return "task_specific/rte/dense/" + "/".join(path[1:])
+    if path[1] == "embedding_projection":
+        return "electra/embeddings_project/" + "/".join(path[2:])
+    if path[1] == "embeddings":
+        return "electra/embeddings/" + "/".join(path[2:])
+    return "electra/encoder/" + "/".join(path[1:])
+
+
+def test_layerwise_factors_are_electras_get_layer_lrs():
+    params = _electra_finetuning_params()
+    n, decay = ELECTRA_TINY.num_layers, 0.8
+    factors = traverse_util.flatten_dict(optim.layerwise_lr_factors(params, decay, n))
+    original = _original_layer_lrs(1.0, decay, n)
+    assert set(factors) == set(traverse_util.flatten_dict(params))
+    for path, factor in factors.items():
+        # AdamWeightDecayOptimizer.apply_gradients: the learning rate of every key in the name.
+        matched = [lr for key, lr in original.items() if key in _original_name(path)]
+        assert matched == [factor], path
+    flat = {"/".join(p): f for p, f in factors.items()}
+    assert flat["encoder/embeddings/word_embeddings/embedding"] == decay**13  # deepest
+    assert flat["encoder/embedding_projection/kernel"] == decay**13
+    assert flat["encoder/layer_0/attention/query/kernel"] == decay**12
+    assert flat["encoder/layer_10/output/bias"] == decay**2  # the top layer: decay^2, not decay
+    assert flat["classifier/kernel"] == flat["classifier/bias"] == 1.0
+    assert not any(name.startswith("encoder/pooler") for name in flat)
+
+
+def test_layerwise_decay_scales_the_whole_adamw_update():
+    """One step with decay 0.8 = the step without it times each parameter's factor, the
+    decoupled weight decay included (ELECTRA: lr_layer * (adam + wd * param)); clipping
+    sees the raw gradients."""
+    rs = np.random.RandomState(0)
+    shapes = _electra_finetuning_params(dataclasses.replace(ELECTRA_TINY, num_layers=2))
+    # NumPy outside the one jitted function: every eager jnp op would be compiled on its own.
+    params = jax.tree.map(lambda s: rs.normal(size=s.shape).astype(np.float32), shapes)
+    grads = jax.tree.map(lambda p: rs.normal(size=p.shape).astype(np.float32), params)
+    assert np.sqrt(sum(np.sum(g**2) for g in jax.tree.leaves(grads))) > 1.0  # clipping is active
+    kwargs = dict(
+        b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.1, clip_norm=1.0, schedule="electra", num_layers=2
+    )
+    schedule = dict(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+    plain = optim.grid_adamw(**kwargs)(**schedule)
+    decayed = optim.grid_adamw(**kwargs, layerwise_lr_decay=0.8)(**schedule)
+    factors = traverse_util.flatten_dict(optim.layerwise_lr_factors(params, 0.8, 2))
+
+    @jax.jit
+    def first_steps(g, params):
+        expected, _ = plain.update(g, plain.init(params), params)
+        got, state = decayed.update(g, decayed.init(params), params)
+        return expected, got, state.hyperparams["learning_rate"]
+
+    for g in (grads, jax.tree.map(np.zeros_like, grads)):
+        expected, got, learning_rate = jax.device_get(first_steps(g, params))
+        expected, got = traverse_util.flatten_dict(expected), traverse_util.flatten_dict(got)
+        for path, factor in factors.items():
+            np.testing.assert_allclose(got[path], expected[path] * factor, rtol=1e-6, err_msg=str(path))
+    # With zero gradients only the weight decay moves a kernel: -lr * wd * param * factor.
+    kernel = ("encoder", "layer_0", "intermediate", "kernel")
+    param = traverse_util.flatten_dict(params)[kernel]
+    np.testing.assert_allclose(got[kernel], -1e-3 * 0.1 * param * 0.8**3, rtol=1e-5)
+    assert learning_rate == np.float32(1e-3)  # the state's lr is the head's, unscaled
+
+
+def test_layerwise_decay_refuses_shared_layers_and_bad_values():
+    from finetune.sweep import Grid
+    from finetune.tasks import TASKS
+    from finetune.trainer import OptimizerConfig, TaskSteps
+
+    albert = dataclasses.replace(
+        ELECTRA_TINY, num_layers=2, sharing="all", classifier_head="pooler", pooler=True
+    )
+    partitioner = sharding.Partitioner.create(None)
+    with pytest.raises(ConfigError, match="encoder/shared_layer/.* shared by every layer"):
+        TaskSteps(albert, TASKS["rte"], OptimizerConfig(layerwise_lr_decay=0.8), 8, partitioner)
+    TaskSteps(albert, TASKS["rte"], OptimizerConfig(layerwise_lr_decay=1.0), 8, partitioner)  # 1.0 = off
+    for bad in (0.0, 1.5, -0.8):
+        with pytest.raises(ConfigError, match="layerwise_lr_decay must be in"):
+            optim.grid_adamw(
+                b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0, clip_norm=None, layerwise_lr_decay=bad
+            )
+        with pytest.raises(ConfigError, match="layerwise_lr_decay must be in"):
+            Grid(layerwise_lr_decay=bad)  # before any data is read
+    # BERT's pooler reads the top layer and feeds the head: the depth between them.
+    bert = {"encoder": {"pooler": {"kernel": 0}, "layer_1": {"kernel": 0}}, "classifier": {"kernel": 0}}
+    factors = optim.layerwise_lr_factors(bert, 0.5, 2)
+    assert (factors["encoder"]["layer_1"]["kernel"], factors["encoder"]["pooler"]["kernel"]) == (0.25, 0.5)

@@ -1,12 +1,13 @@
-"""The three recipes end to end at tiny size: each recipe file with its own tokenizer kind
-(BERT + WordPiece, RoBERTa + byte-level BPE, ALBERT + SentencePiece) on real English text,
-preprocessed to shards, trained for a few steps through `pretrain.trainer.run`; and every
+"""The recipes end to end at tiny size: each recipe file with its own tokenizer kind
+(BERT + WordPiece, RoBERTa + byte-level BPE, ALBERT + SentencePiece, ELECTRA + WordPiece) on
+real English text, preprocessed to shards, trained for a few steps through `pretrain.trainer.run`; and every
 ablation arm file builds on its base."""
 
 import glob
 import os
 
 import gin
+import jax
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params
 from pretrain import trainer  # noqa: F401  (registers run, adamw, lamb)
+from pretrain.objectives import make_objective
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,6 +25,7 @@ RECIPES = {
     "bert": ("bert_base.gin", tokenizers.train_wordpiece, 400),
     "roberta": ("roberta_base.gin", tokenizers.train_bpe, 400),
     "albert": ("albert_base.gin", tokenizers.train_sentencepiece, 300),
+    "electra": ("electra_small.gin", tokenizers.train_wordpiece, 400),
 }
 # The recipes' model shapes, shrunk: what stays is the recipe's (E, sharing, offsets, objectives).
 TINY = """
@@ -97,9 +100,14 @@ def test_recipe_trains_with_its_tokenizer(recipe_data):
         "bert": ("segment_pair", "nsp", "token"),
         "roberta": ("full_sentences", "none", "token"),
         "albert": ("segment_pair", "sop", "ngram"),
+        "electra": ("segment_pair", "none", "token"),
     }[name]
     assert (data.format, data.sentence_objective, data.masking_unit) == expected
-    assert ("sentence_accuracy" not in summary) == (name == "roberta")
+    assert ("sentence_accuracy" not in summary) == (name in ("roberta", "electra"))
+    if name == "electra":  # generator + discriminator: tests/test_electra.py checks the tree
+        assert summary["objective"] == "ElectraRTD" and data.masking == "in_step"
+        assert 0 <= summary["disc_accuracy"] <= 1 and not config.pooler
+        return
     params = abstract_params(config, sentence_head=name != "roberta")
     encoder = set(params["encoder"])
     if name == "albert":
@@ -117,6 +125,7 @@ GRIDS = {
     "albert_sharing": {"all", "attention", "ffn", "none"},
     "albert_embedding": {"64", "128", "256", "768"},
     "masking_unit": {"token", "whole_word", "ngram"},
+    "electra_vs_mlm": {"electra", "mlm"},
 }
 
 
@@ -127,8 +136,9 @@ def _built(base: list[str], arm: str) -> tuple[EncoderConfig, PipelineConfig]:
     try:
         gin.parse_config_files_and_bindings([*base, arm], [])
         config, data = EncoderConfig(), PipelineConfig()
-        abstract_params(config, sentence_head=data.sentence_objective != "none")
-        return config, data
+        objective = make_objective(config, data)
+        jax.eval_shape(objective.init, jax.random.key(0))
+        return config, data, type(objective).__name__
     finally:
         os.chdir(cwd)
         gin.clear_config()
@@ -147,4 +157,9 @@ def test_every_ablation_arm_builds_on_its_base_and_differs(grid):
     built = {name: _built(base, path) for name, path in arms.items()}
     assert len(set(built.values())) == len(arms), built
     if grid == "albert_embedding":
-        assert {str(config.embedding_size) for config, _ in built.values()} == GRIDS[grid]
+        assert {str(config.embedding_size) for config, _, _ in built.values()} == GRIDS[grid]
+    if grid == "electra_vs_mlm":
+        assert {name: objective for name, (_, _, objective) in built.items()} == {
+            "electra": "ElectraRTD",
+            "mlm": "MaskedLM",
+        }

@@ -2,7 +2,8 @@
 
 `make_objective` is the one place a run, a benchmark or pretrain.summary gets its
 objective from: a recipe chooses it with `make_objective.objective = @MaskedLM` (the
-default). Importing the package registers every objective with gin.
+default) or `@ElectraRTD` (configs/recipes/electra.gin). Importing the package registers
+every objective with gin.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import gin
 from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
 from pretrain.objectives.base import Objective
+from pretrain.objectives.electra import ElectraRTD
 from pretrain.objectives.masked_lm import MaskedLM
 
-__all__ = ["MaskedLM", "Objective", "make_objective"]
+__all__ = ["ElectraRTD", "MaskedLM", "Objective", "make_objective"]
 
 
 @gin.configurable

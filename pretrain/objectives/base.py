@@ -11,11 +11,12 @@ recipe binding `run.objective` and tests; nothing else changes.
 How the known and coming members fit (docs/architecture.md has the full picture):
 
 - MLM + NSP/SOP (BERT, RoBERTa, ALBERT): masked_lm.MaskedLM.
-- ELECTRA: `module` holds generator and discriminator sharing one embedding block;
-  `rng_streams = ("dropout", "sampling")` gives the loss a key for masking and Gumbel
-  sampling inside the step; `loss` returns generator MLM + 50 x discriminator loss and
-  the sums of both; `normalizers` counts real tokens and masked positions of the whole
-  batch (both follow from input_mask, so microbatching stays exact).
+- ELECTRA (electra.ElectraRTD): `module` holds generator and discriminator sharing one
+  embedding block; `rng_streams = ("dropout", "masking", "sampling")` gives the loss keys
+  for masking and Gumbel sampling inside the step, drawn per row (`row_streams`); `loss`
+  returns generator MLM + 50 x discriminator loss and the sums of both; `normalizers`
+  counts real tokens and masked positions of the whole batch (both follow from the rows
+  before any draw, so microbatching stays exact).
 - SpanBERT: `batch_spec` adds the span-pair keys the pipeline writes; the module adds the
   span-boundary head; the loss adds its term.
 - DeBERTa v3: RTD as ELECTRA; gradient-disentangled embedding sharing is a stop_gradient
@@ -53,6 +54,13 @@ class Objective(abc.ABC):
     #: ("dropout" always; ELECTRA adds "sampling"). In evaluation every stream but
     #: "dropout" gets a fixed key, so evaluations repeat exactly.
     rng_streams: tuple[str, ...] = ("dropout",)
+
+    #: The streams of `rng_streams` that `loss` draws from per row, folding in the batch's
+    #: `row_index` [B] int32 (each row's place in the global batch, which the step adds for
+    #: objectives that have row streams). The step hands these keys unchanged to every
+    #: microbatch, so a microbatched step draws exactly what the whole-batch step draws
+    #: (ELECTRA's masking and sampling). Dropout is not one: Flax draws it per call.
+    row_streams: tuple[str, ...] = ()
 
     #: The metric that sums a run up: summary.json, ablation tables, the demo's report.
     headline_metric: str = "loss"
@@ -103,6 +111,13 @@ class Objective(abc.ABC):
     @abc.abstractmethod
     def flops_per_row(self, seq_len: int, num_predictions: int) -> float:
         """Model FLOPs to train on one row (core/flops.py's counting)."""
+
+    def paper_flops_per_row(self, seq_len: int, num_predictions: int) -> float | None:
+        """Training FLOPs per row as the ELECTRA paper's flops_computation.py counts them
+        (core/flops.py `paper_*`), reported beside ours when comparing with its tables;
+        None where that script has no count for the objective."""
+        del seq_len, num_predictions
+        return None
 
     def example_batch(
         self, batch_size: int = 1, seq_len: int = 8, num_predictions: int = 2

@@ -157,3 +157,16 @@ class MaskedLM(Objective):
             predictions=num_predictions,
             embedding=c.embedding_width,
         )
+
+    def paper_flops_per_row(self, seq_len: int, num_predictions: int) -> float:
+        """flops_computation.py's count of a BERT masked LM (with its output_frac, 0.15625, as the
+        paper counted every model)."""
+        del num_predictions
+        c = self.model_config
+        return flops.paper_train(
+            hidden=c.hidden_size,
+            layers=c.num_layers,
+            seq=seq_len,
+            vocab=c.vocab_size,
+            embedding=c.embedding_width,
+        )
