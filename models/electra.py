@@ -144,7 +144,8 @@ class ElectraPretrainingModel(nn.Module):
 
         Args:
           batch: int32 [B, L] `input_ids` (the original tokens), `generator_input_ids`
-            (the masked input), `input_mask`, `segment_ids`, optional `positions`;
+            (the masked input), `input_mask`, `segment_ids`, optional `positions` and
+            `example_ids` (packed rows: attention stays within each example);
             `masked_lm_positions` [B, P] int32 and `masked_lm_weights` [B, P] float32
             (1 = a real masked position); optional `row_index` [B] int32 (the rows' places
             in the global batch, default 0..B-1), which seeds each row's samples.
@@ -160,6 +161,7 @@ class ElectraPretrainingModel(nn.Module):
             input_mask=batch["input_mask"],
             segment_ids=batch["segment_ids"],
             positions=batch.get("positions"),
+            example_ids=batch.get("example_ids"),
             deterministic=deterministic,
         )
         shared = disc(batch["generator_input_ids"], embeddings_only=True, **common)

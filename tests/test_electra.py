@@ -79,6 +79,13 @@ def _keys(seed=0):
     return step.stream_keys(jax.random.key(seed), ElectraRTD.rng_streams)
 
 
+def _forward(objective, params, batch, keys):
+    """objective.forward in evaluation mode, jitted (op-by-op it is several times slower)."""
+    return jax.device_get(
+        jax.jit(lambda p, b, k: objective.forward(p, b, k, train=False))(params, batch, keys)
+    )
+
+
 def _with_rows(batch):
     return {**batch, "row_index": np.arange(batch["input_ids"].shape[0], dtype=np.int32)}
 
@@ -125,7 +132,7 @@ def test_labels_are_exactly_masked_and_sample_differs():
     objective = _objective()
     params = _params(objective)
     batch = _with_rows(_rows(64, seed=1))
-    out = jax.device_get(objective.forward(params, batch, _keys(1), train=False))
+    out = _forward(objective, params, batch, _keys(1))
     positions, weights = out["masked_lm_positions"], out["masked_lm_weights"].astype(bool)
     original = np.take_along_axis(batch["input_ids"], positions, 1)
     expected = np.zeros_like(batch["input_ids"], bool)
@@ -144,7 +151,7 @@ def test_a_generator_that_always_draws_the_original_replaces_nothing():
     params["generator_head"]["output_bias"] = params["generator_head"]["output_bias"].at[7].set(1e4)
     batch = _with_rows(_rows(8, seed=2))
     batch["input_ids"] = np.where(batch["maskable"] > 0, 7, batch["input_ids"]).astype(np.int32)
-    out = jax.device_get(objective.forward(params, batch, _keys(2), train=False))
+    out = _forward(objective, params, batch, _keys(2))
     assert (out["samples"] == 7).all() and not out["replaced"].any()
 
 
@@ -196,6 +203,26 @@ def test_loss_is_mlm_plus_fifty_times_discriminator():
         assert 0.0 <= means[name] <= 1.0
 
 
+def test_packed_rows_attend_within_their_example():
+    objective = _objective(data=dataclasses.replace(DATA, format="doc_sentences"))
+    assert "example_ids" in objective.batch_spec(2, L, 4)
+    params = _params(objective)
+    batch = _with_rows(_rows(2, seed=5))
+    batch["input_mask"][:] = 1
+    batch["example_ids"] = np.where(np.arange(L) < L // 2, 1, 2)[None].repeat(2, 0).astype(np.int32)
+    changed = {**batch, "input_ids": batch["input_ids"].copy()}
+    changed["input_ids"][:, L // 2 + 1 :] = 9  # only the second example's tokens
+    first = _forward(objective, params, batch, _keys(5))
+    second = _forward(objective, params, changed, _keys(5))
+    # The same positions are masked (same keys, same candidates) and, with the generator's
+    # attention packed too, the first example's samples and scores do not move.
+    np.testing.assert_array_equal(first["masked_lm_positions"], second["masked_lm_positions"])
+    np.testing.assert_allclose(
+        first["disc_logits"][:, : L // 2], second["disc_logits"][:, : L // 2], atol=1e-5
+    )
+    assert not np.allclose(first["disc_logits"][:, L // 2 + 1 :], second["disc_logits"][:, L // 2 + 1 :])
+
+
 def test_recipe_misconfigurations_are_one_line_errors():
     with pytest.raises(ConfigError, match="PipelineConfig.masking = 'in_step'"):
         ElectraRTD(DISC, dataclasses.replace(DATA, masking="dynamic"))
@@ -218,11 +245,11 @@ def test_generator_shapes_follow_the_papers_ratios():
     assert (g.hidden_size, g.num_heads, g.intermediate_size, g.embedding_width) == (64, 1, 256, 128)
 
 
-def _train(mesh, batches, microbatches=1):
+def _train(mesh, batches, microbatches=1, config=DISC):
     optimizer, schedule = optim.adamw(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
     partitioner = sharding.Partitioner(mesh, sharding.logical_axis_rules())
     steps = step.build(
-        objective=_objective(),
+        objective=_objective(config),
         optimizer=optimizer,
         schedule=schedule,
         partitioner=partitioner,
@@ -236,12 +263,16 @@ def _train(mesh, batches, microbatches=1):
     return jax.device_get(state.params), losses
 
 
-@pytest.mark.slow(20)
-def test_microbatched_and_sharded_steps_equal_the_single_device_step():
+@pytest.mark.slow(40)
+@pytest.mark.parametrize("embedding_size", [32, None], ids=["small_shaped", "base_shaped"])
+def test_microbatched_and_sharded_steps_equal_the_single_device_step(embedding_size):
+    # Small-shaped: E < H, both towers project; the generator's single head does not split
+    # over tensor:2 (replicated). Base-shaped: E = H, only the generator projects.
+    config = dataclasses.replace(DISC, embedding_size=embedding_size)
     batches = [_rows(16, seed=s) for s in range(2)]
-    params, losses = _train(sharding.make_mesh(None, jax.devices()[:1]), batches)
+    params, losses = _train(sharding.make_mesh(None, jax.devices()[:1]), batches, config=config)
     for spec, micro in (("data:2,fsdp:2,tensor:2", 1), ("data:4,fsdp:2", 4)):
-        other, other_losses = _train(sharding.make_mesh(spec), batches, microbatches=micro)
+        other, other_losses = _train(sharding.make_mesh(spec), batches, microbatches=micro, config=config)
         np.testing.assert_allclose(other_losses, losses, rtol=1e-5, err_msg=spec)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), other, params)
 

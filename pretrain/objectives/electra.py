@@ -9,8 +9,8 @@ Per step, inside the jitted step (so masks are dynamic and cost no input pipelin
    (n = real tokens, [CLS] and [SEP] included; P = int((mask_prob + 0.005) x L), 19 at
    L = 128 and mask_prob 0.15). 85% of them become [MASK], 15% stay: no random-token
    branch. The original samples positions with replacement and averages duplicates
-   (electra issue 41); we draw without replacement (Gumbel top-k), as FAMILY-faithful
-   re-implementations do, and say so in the README.
+   (electra issue 41); we draw without replacement (Gumbel top-k) and say so in the
+   README.
 2. the generator predicts the masked positions; one token per position is sampled from
    its softmax (Gumbel-max, temperature 1, stop_gradient) and written into the ORIGINAL
    row (models/electra.py);
@@ -19,7 +19,8 @@ Per step, inside the jitted step (so masks are dynamic and cost no input pipelin
 loss = generator MLM (mean over masked positions) + disc_weight (50) x discriminator
 sigmoid cross-entropy (mean over real tokens). Both denominators are whole-batch counts
 (`normalizers`), and masking and sampling are drawn per row of the global batch
-(`row_streams`), so microbatched steps equal the whole-batch step.
+(`row_streams`), so a microbatched step draws the whole-batch step's masks and samples
+(and, without dropout, whose keys do depend on the microbatch, equals it).
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ class ElectraRTD(Objective):
         self.model_config = model_config
         self.generator_config = generator_config(model_config, generator_hidden_ratio)
         self.mask_prob = pipeline_config.masked_lm_prob
+        self.packed = pipeline_config.format == "doc_sentences"
         self.disc_weight = disc_weight
         self._module = ElectraPretrainingModel(model_config, self.generator_config)
 
@@ -179,6 +181,7 @@ class ElectraRTD(Objective):
             "positions": rows,
             "maskable": rows,
             "mask_id": jax.ShapeDtypeStruct((batch_size,), np.int32),
+            **({"example_ids": rows} if self.packed else {}),
         }
 
     def num_predictions(self, seq_len: int) -> int:
