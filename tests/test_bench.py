@@ -36,6 +36,7 @@ def _json_line(*args):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow(30)
 def test_pretrain_benchmark_runs_electra(tmp_path):
     """The gin files choose the objective: ELECTRA's step masks inside the step."""
     result = _json_line(

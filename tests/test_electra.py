@@ -155,6 +155,7 @@ def test_a_generator_that_always_draws_the_original_replaces_nothing():
     assert (out["samples"] == 7).all() and not out["replaced"].any()
 
 
+@pytest.mark.slow(15)
 def test_embedding_block_is_shared_and_gets_both_gradients():
     objective = _objective()
     params = _params(objective)

@@ -117,6 +117,7 @@ def test_electra_head_is_dense_on_the_first_token(pretrained):
     np.testing.assert_allclose(dropped[kept], 2 * first[kept], rtol=1e-5)
 
 
+@pytest.mark.slow(15)
 def test_discriminator_loads_and_layerwise_decay_scales_its_step(pretrained):
     """The pretrained encoder (no pooler) is loaded as is; with Grid's layerwise_lr_decay
     0.8 each parameter moves by the plain step times decay ** (layers + 2 - depth)."""

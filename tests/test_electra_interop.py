@@ -342,6 +342,7 @@ def test_generator_folder_errors_are_one_line(electra, tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow(15)
 def test_glue_fine_tunes_an_imported_discriminator(electra, tmp_path, monkeypatch, capsys):
     """finetune.glue from the imported workdir with ELECTRA's GLUE recipe (first-token head,
     layer-wise lr decay over the imported layers), one short run."""

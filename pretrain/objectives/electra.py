@@ -58,7 +58,7 @@ def mask_counts(
 ) -> jax.Array:
     """[B] int32 positions masked per row: max(1, min(P, round(mask_prob x n))) with n the real
     tokens (float32 and round-half-even, as TF's tf.round), never more than the row's
-    candidates (the original has no such row: it would divide by zero)."""
+    candidates (the original draws duplicates there, and divides by zero on a row with none)."""
     n = jnp.sum(input_mask, axis=-1).astype(jnp.float32)
     count = jnp.maximum(
         1, jnp.minimum(num_predictions, jnp.round(n * jnp.float32(mask_prob)).astype(jnp.int32))
