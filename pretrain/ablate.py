@@ -112,16 +112,25 @@ def run_arm(name: str, gin_files: list[str], workdir: str, bindings: list[str]) 
         if summary.get("step") == wanted_steps:
             print(f"{name}: finished before, skipped", flush=True)
             return summary
-    command = [sys.executable, "-m", "pretrain.train", f"--workdir={workdir}"]
+    command = ["pretrain.train", f"--workdir={workdir}"]
     command += [f"--gin_file={g}" for g in gin_files]
     command += [f"--gin_bindings={b}" for b in bindings]
-    print(f"{name}: training ({' '.join(command[2:])})", flush=True)
-    result = subprocess.run(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-        raise AblationError(f"arm {name} failed: {errors[-1] if errors else result.stderr[-2000:]}")
+    run_tool(f"{name}: training", command, f"{workdir}.stderr.log")
     with open(summary_path) as f:
         return json.load(f)
+
+
+def run_tool(what: str, command: list[str], log: str) -> None:
+    """`python -m COMMAND...` in its own process from the repository root. On failure its
+    stderr goes to `log` and the error names its `error:` line (or its exit status)."""
+    print(f"{what} ({' '.join(command)})", flush=True)
+    result = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        with open(log, "w") as f:
+            f.write(result.stderr)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        reason = errors[-1] if errors else f"exit status {result.returncode}"
+        raise AblationError(f"{what} failed ({reason}); its output is in {log}")
 
 
 def eval_curve(workdir: str) -> list[dict]:
@@ -133,17 +142,9 @@ def finetune_demo(workdir: str, glue_dir: str, gin_file: str) -> dict:
     """Fine-tunes one arm's model on the offline GLUE demo task (finetune/demo_task.py) in
     its own process, into ARM_glue/; returns its results.json (`tasks.word_order`)."""
     out = f"{workdir}_glue"
-    command = [sys.executable, "-m", "finetune.glue", f"--init_checkpoint={workdir}", "--tasks=word_order"]
+    command = ["finetune.glue", f"--init_checkpoint={workdir}", "--tasks=word_order"]
     command += [f"--glue_dir={glue_dir}", f"--workdir={out}", f"--gin_file={gin_file}"]
-    print(f"{os.path.basename(workdir)}: fine-tuning ({' '.join(command[2:])})", flush=True)
-    result = subprocess.run(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        log = f"{out}.stderr.log"
-        with open(log, "w") as f:
-            f.write(result.stderr)
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-        reason = errors[-1] if errors else f"exit status {result.returncode}"
-        raise AblationError(f"fine-tuning {workdir} failed ({reason}); its output is in {log}")
+    run_tool(f"{os.path.basename(workdir)}: fine-tuning", command, f"{out}.stderr.log")
     with open(os.path.join(out, "results.json")) as f:
         return json.load(f)
 
@@ -276,9 +277,7 @@ def _run(args) -> None:
     if args.finetune_gin:
         glue_dir = os.path.join(args.workdir, "glue_data")
         if not os.path.exists(os.path.join(glue_dir, "WordOrder", "dev.tsv")):
-            subprocess.run(
-                [sys.executable, "-m", "finetune.demo_task", f"--output={glue_dir}"], cwd=ROOT, check=True
-            )
+            run_tool("demo task", ["finetune.demo_task", f"--output={glue_dir}"], f"{glue_dir}.stderr.log")
         finetuned = {
             name: finetune_demo(os.path.join(args.workdir, name), glue_dir, args.finetune_gin)
             for name in arms

@@ -21,6 +21,7 @@ from models.encoder import EncoderConfig
 from pretrain import step, trainer
 from pretrain.objectives import ElectraRTD
 from pretrain.objectives.electra import mask_counts, mask_rows, max_predictions
+from tests import test_sharding
 
 # 8 heads and widths divisible by 8 (tensor:8 meshes); no dropout, so that every layout and
 # microbatching computes the same function.
@@ -247,20 +248,10 @@ def test_generator_shapes_follow_the_papers_ratios():
 
 
 def _train(mesh, batches, microbatches=1, config=DISC):
-    optimizer, schedule = optim.adamw(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
-    partitioner = sharding.Partitioner(mesh, sharding.logical_axis_rules())
-    steps = step.build(
-        objective=_objective(config),
-        optimizer=optimizer,
-        schedule=schedule,
-        partitioner=partitioner,
-        microbatches=microbatches,
+    """test_sharding's training loop (same optimizer and keys) with ELECTRA's objective."""
+    state, losses = test_sharding._train(
+        mesh, batches, microbatches=microbatches, objective=_objective(config)
     )
-    state, losses = steps.states(jax.random.key(0)), []
-    with partitioner:
-        for batch in batches:
-            state, metrics = steps.train_step(state, partitioner.global_batch(batch), jax.random.key(1))
-            losses.append(float(metrics["loss"]))
     return jax.device_get(state.params), losses
 
 

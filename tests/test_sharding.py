@@ -52,13 +52,14 @@ def _batches(n, seed=0):
     return out
 
 
-def _train(mesh, batches, config=TINY, microbatches=1):
+def _train(mesh, batches, config=TINY, microbatches=1, objective=None):
+    """One step per batch of `objective` (default: MaskedLM on `config`) on `mesh`: (state, losses)."""
     # Adam's first steps are ~lr * sign(g): gradients that are rounding noise around 0 would
     # flip sign between layouts (reductions run in another order). A large eps makes the
     # update continuous in g, so the comparison tests the sharding, not the noise.
     optimizer, schedule = optim.adamw(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
     partitioner = sharding.Partitioner(mesh, sharding.logical_axis_rules())
-    objective = MaskedLM(config, PipelineConfig(max_seq_length=L, max_predictions_per_seq=P))
+    objective = objective or MaskedLM(config, PipelineConfig(max_seq_length=L, max_predictions_per_seq=P))
     steps = step.build(
         objective=objective,
         optimizer=optimizer,
