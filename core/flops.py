@@ -63,6 +63,16 @@ def bert_pretraining(
     )
 
 
+def span_boundary_head(
+    *, hidden: int, embedding: int, vocab: int, predictions: int, position_width: int
+) -> float:
+    """Forward FLOPs of SpanBERT's SBO head at `predictions` span tokens: dense
+    (2H + W) -> H, dense H -> E, the tied [E, V] decoder."""
+    return float(
+        2 * predictions * ((2 * hidden + position_width) * hidden + hidden * embedding + embedding * vocab)
+    )
+
+
 def discriminator_head(*, hidden: int, seq: int) -> float:
     """Forward FLOPs of ELECTRA's discriminator head at every position: dense H -> H, dense H -> 1."""
     return float(2 * seq * (hidden * hidden + hidden))

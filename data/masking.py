@@ -20,6 +20,11 @@ For one formatted row (input_ids [L], input_mask [L]):
   </s> <unk>);
 - outputs are sorted by position and padded to max_predictions_per_seq.
 
+`mask_spans` is SpanBERT's span masking (`masking_unit="span"`, facebookresearch/SpanBERT
+pretraining/fairseq/data/masking.py `PairWithSpanMaskingScheme`): whole-word spans of
+geometric length, one replacement decision per span, random tokens from the corpus's
+unigram distribution, and the span-boundary (SBO) keys; see its docstring.
+
 The mask is a pure function of the row and a stateless seed. Static masking (the
 original's `dupe_factor` copies written offline) uses a seed from (run seed, epoch copy
 = epoch % dupe_factor, instance); dynamic masking (RoBERTa) uses the epoch itself, so
@@ -33,7 +38,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-MASKING_UNITS = ("token", "whole_word", "ngram")
+MASKING_UNITS = ("token", "whole_word", "ngram", "span")
 MAX_NGRAM = 3  # ALBERT's --ngram default
 
 
@@ -237,3 +242,207 @@ def mark_maskable(
     )
     maskable = tf.logical_and(tf.cast(row["input_mask"], tf.bool), tf.logical_not(excluded))
     return dict(row, maskable=tf.cast(maskable, tf.int32), mask_id=tf.constant(mask_id, tf.int32))
+
+
+def span_length_probabilities(geometric_p: float, max_words: int) -> np.ndarray:
+    """[max_words] float64: P(span of l words), l = 1..max_words: p (1 - p)^(l - 1) renormalised
+    (SpanBERT's `len_distrib`; p 0.2, 10 words: mean 3.8 words)."""
+    probs = geometric_p * (1 - geometric_p) ** np.arange(max_words, dtype=np.float64)
+    return probs / probs.sum()
+
+
+def mask_spans(
+    row: Mapping[str, tf.Tensor],
+    *,
+    seed: tf.Tensor,
+    mask_id: int,
+    never_mask_ids: Sequence[int],
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    word_starts: tf.Tensor,
+    unigram_counts: tf.Tensor,
+    geometric_p: float = 0.2,
+    max_span_words: int = 10,
+    max_pair_targets: int = 15,
+) -> dict[str, tf.Tensor]:
+    """SpanBERT's span masking of one row, with the span boundary objective's keys.
+
+    As `PairWithSpanMaskingScheme.mask` + `span_masking` (facebookresearch/SpanBERT
+    pretraining/fairseq/data/masking.py), on the row's candidates (real tokens other than
+    `never_mask_ids`; the original masks the block between [CLS] and [SEP]):
+
+    - budget = ceil(masked_lm_prob x candidates) (float64, as Python), capped at
+      max_predictions_per_seq;
+    - until the budget is met: a length l in words ~ `span_length_probabilities`, an anchor
+      uniform over the candidates (drawn again if already masked), moved back to its word's
+      start; the span covers that word and the next l - 1 words, each token added only while
+      under budget (so the last span may end inside a word). A span never crosses a
+      non-candidate ([SEP] between segments, [CLS] of a packed example): the original's block
+      has none, its spans stop at the block's end;
+    - spans that overlap or touch are merged, so the masked tokens' maximal runs are the
+      spans and a span's boundary tokens are never masked;
+    - per merged span one draw: 80% every token [MASK], 10% each token a random token drawn
+      from `unigram_counts` (the original takes a random token of the corpus buffer), 10% kept;
+    - SBO: a span whose left (start - 1) and right (end + 1) neighbours are candidates (the
+      original: start > 0 and end < last of the block) gives its first `max_pair_targets`
+      tokens as targets, each with the span's boundary positions and its offset in the span.
+
+    The SBO keys are laid out per prediction slot, beside masked_lm_positions: the target of
+    slot j is masked_lm_ids[j] (the token SBO predicts is the one MLM predicts), so no second
+    [spans x targets] array is needed.
+
+    Args:
+      row: input_ids [L] int32, input_mask [L] int32 (other keys pass through).
+      seed: [2] int64 stateless seed for this row.
+      mask_id: id of [MASK]. never_mask_ids: [CLS], [SEP] (padding is excluded by input_mask).
+      masked_lm_prob: 0.15. max_predictions_per_seq: P, the padded length of the outputs.
+      word_starts: [vocab_size] bool, True for ids that begin a word; a candidate after a
+        non-candidate always begins one.
+      unigram_counts: [vocab_size] int64 token counts of the training corpus (the shards'
+        manifest), the distribution of random replacements; must not all be zero.
+      geometric_p, max_span_words: the span length distribution (0.2, 10).
+      max_pair_targets: SBO targets per span (15).
+
+    Returns:
+      The row with input_ids replaced, plus masked_lm_positions [P] int32 (ascending),
+      masked_lm_ids [P] int32, masked_lm_weights [P] float32, and per slot sbo_left,
+      sbo_right [P] int32 (the span's boundary positions), sbo_offset [P] int32 (0-based place
+      in the span) and sbo_weights [P] float32 (1.0 = an SBO target).
+    """
+    input_ids = row["input_ids"]
+    length = input_ids.shape[0]
+    k = min(max_predictions_per_seq, length)
+    real = tf.cast(row["input_mask"], tf.bool)
+    candidate = real
+    for token in never_mask_ids:
+        candidate = tf.logical_and(candidate, tf.not_equal(input_ids, token))
+    num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32))
+    # math.ceil(sent_length * mask_ratio) in float64: 100 x 0.15 = 15.000000000000002 -> 16, as there.
+    budget = tf.cast(tf.math.ceil(tf.cast(num_candidates, tf.float64) * masked_lm_prob), tf.int32)
+    budget = tf.minimum(budget, k)
+
+    covered = _choose_spans(
+        input_ids,
+        candidate,
+        word_starts,
+        budget,
+        tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), 0),
+        geometric_p=geometric_p,
+        max_span_words=max_span_words,
+    )
+
+    # Merged spans = maximal runs of masked tokens.
+    position = tf.range(length)
+    prev_covered = tf.concat([[False], covered[:-1]], 0)
+    run_of = tf.cumsum(tf.cast(covered & ~prev_covered, tf.int32)) - 1  # run index (masked tokens)
+    run_segment = tf.where(covered, run_of, length)  # others into a spare segment
+    run_first = tf.math.unsorted_segment_min(position, run_segment, length + 1)
+    run_last = tf.math.unsorted_segment_max(position, run_segment, length + 1)
+    first = tf.gather(run_first, run_segment)
+    last = tf.gather(run_last, run_segment)
+
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
+    # One draw per span (SpanBERT's --replacement-method span): < 0.8 [MASK], < 0.9 random, else kept.
+    span_draw = tf.gather(tf.random.stateless_uniform([length + 1], seed=seeds[1]), run_segment)
+    random_ids = _unigram_ids(seeds[2], length, unigram_counts)
+    replacement = tf.where(span_draw < 0.8, mask_id, tf.where(span_draw < 0.9, random_ids, input_ids))
+    masked_input = tf.where(covered, tf.cast(replacement, input_ids.dtype), input_ids)
+
+    left = tf.maximum(first - 1, 0)
+    right = tf.minimum(last + 1, length - 1)
+    has_pair = (first > 0) & (last < length - 1) & tf.gather(candidate, left) & tf.gather(candidate, right)
+    offset = position - first
+    is_target = covered & has_pair & (offset < max_pair_targets)
+
+    # The masked positions in ascending order; unused slots sort to the end.
+    key = tf.sort(tf.where(covered, position, length + position))[:k]
+    is_prediction = key < length
+    positions = tf.where(is_prediction, key, 0)
+    pad = max_predictions_per_seq - k
+
+    def slots(values, dtype):
+        """[L] values -> [P] at the masked positions, 0 in unused slots."""
+        return tf.pad(tf.where(is_prediction, tf.cast(tf.gather(values, positions), dtype), 0), [[0, pad]])
+
+    out = dict(row)
+    out["input_ids"] = masked_input
+    out["masked_lm_positions"] = tf.pad(positions, [[0, pad]])
+    out["masked_lm_ids"] = slots(input_ids, tf.int32)
+    out["masked_lm_weights"] = tf.pad(tf.cast(is_prediction, tf.float32), [[0, pad]])
+    out["sbo_left"] = slots(left, tf.int32)
+    out["sbo_right"] = slots(right, tf.int32)
+    out["sbo_offset"] = slots(tf.minimum(offset, max_pair_targets - 1), tf.int32)
+    out["sbo_weights"] = slots(is_target, tf.float32)
+    return out
+
+
+def _unigram_ids(seed: tf.Tensor, n: int, counts: tf.Tensor) -> tf.Tensor:
+    """[n] int32 ids drawn from the distribution `counts` [V] int64 (inverse CDF: an integer
+    r uniform in [0, total), the id whose cumulative count first exceeds r)."""
+    cumulative = tf.cumsum(tf.cast(counts, tf.int64))
+    r = tf.random.stateless_uniform([n], seed=seed, minval=0, maxval=cumulative[-1], dtype=tf.int64)
+    return tf.cast(tf.searchsorted(cumulative, r, side="right"), tf.int32)
+
+
+def _choose_spans(
+    input_ids: tf.Tensor,
+    candidate: tf.Tensor,
+    word_starts: tf.Tensor,
+    budget: tf.Tensor,
+    seed: tf.Tensor,
+    *,
+    geometric_p: float,
+    max_span_words: int,
+) -> tf.Tensor:
+    """SpanBERT's span selection loop (`mask_spans`) -> covered [L] bool.
+
+    One iteration per drawn span, each with its own stateless draws (seed folded with the
+    iteration), so the loop is a pure function of (row, seed).
+    """
+    length = input_ids.shape[0]
+    position = tf.range(length)
+    prev_candidate = tf.concat([[False], candidate[:-1]], axis=0)
+    starts = candidate & (tf.gather(tf.cast(word_starts, tf.bool), input_ids) | ~prev_candidate)
+    run_starts = candidate & ~prev_candidate  # a run: consecutive candidates (one segment)
+    word_of = tf.cumsum(tf.cast(starts, tf.int32)) - 1
+    run_of = tf.cumsum(tf.cast(run_starts, tf.int32)) - 1
+    num_words = tf.reduce_sum(tf.cast(starts, tf.int32))
+    segment = tf.where(candidate, word_of, num_words)
+    word_first = tf.math.unsorted_segment_min(position, segment, num_words + 1)[:num_words]
+    word_end = tf.math.unsorted_segment_max(position, segment, num_words + 1)[:num_words] + 1
+    # The last word of each word's run: spans stop there.
+    run_segment = tf.where(candidate, run_of, length)
+    run_last_word = tf.math.unsorted_segment_max(word_of, run_segment, length + 1)
+    last_word_of_run = tf.gather(run_last_word, tf.gather(run_of, word_first))
+    candidate_positions = tf.boolean_mask(position, candidate)
+    num_candidates = tf.shape(candidate_positions)[0]
+    cdf = tf.constant(np.cumsum(span_length_probabilities(geometric_p, max_span_words))[:-1], tf.float64)
+
+    def body(j, covered, count):
+        u = tf.random.stateless_uniform(
+            [2], seed=tf.random.experimental.stateless_fold_in(seed, j), dtype=tf.float64
+        )
+        span_words = 1 + tf.reduce_sum(tf.cast(cdf < u[0], tf.int32))
+        draw = tf.minimum(tf.cast(u[1] * tf.cast(num_candidates, tf.float64), tf.int32), num_candidates - 1)
+        anchor = candidate_positions[draw]
+
+        def grow():
+            w = word_of[anchor]
+            last_word = tf.minimum(w + span_words - 1, last_word_of_run[w])
+            in_span = (position >= word_first[w]) & (position < word_end[last_word])
+            new = in_span & ~covered
+            before = tf.cumsum(tf.cast(new, tf.int32), exclusive=True)
+            added = new & (count + before < budget)  # each token only while under budget
+            return covered | added, count + tf.reduce_sum(tf.cast(added, tf.int32))
+
+        covered, count = tf.cond(covered[anchor], lambda: (covered, count), grow)
+        return j + 1, covered, count
+
+    # Every iteration whose anchor is unmasked adds >= 1 token, and at most 15% are masked,
+    # so the cap (against an endless loop on a malformed row) is never near.
+    _, covered, _ = tf.while_loop(
+        lambda j, _, count: (count < budget) & (j < 16 * length),
+        body,
+        (tf.constant(0), tf.zeros([length], tf.bool), tf.constant(0)),
+    )
+    return covered

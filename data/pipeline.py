@@ -26,10 +26,12 @@ in blocks by stateless permutations: `Dataset.shuffle` inside a pass cannot be s
 Batches are dicts of numpy-convertible tensors with the keys of docs/architecture.md:
 input_ids, input_mask, segment_ids, positions [B, L] int32; masked_lm_positions,
 masked_lm_ids [B, P] int32; masked_lm_weights [B, P] float32; sentence_label [B] int32
-(absent with sentence_objective "none"); example_ids [B, L] int32 (DOC-SENTENCES only:
-1..k per packed example, 0 = padding; positions restart at 0 in each example). With
+(absent with sentence_objective "none"); example_ids [B, L] int32 (packed DOC-SENTENCES
+only: 1..k per packed example, 0 = padding; positions restart at 0 in each example). With
 masking "in_step" the input_ids are the original tokens and maskable [B, L] int32 and
-mask_id [B] int32 replace the three masked_lm_* keys.
+mask_id [B] int32 replace the three masked_lm_* keys. Span masking adds the span boundary
+objective's sbo_left, sbo_right, sbo_offset [B, P] int32 and sbo_weights [B, P] float32
+(data/masking.py mask_spans).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 
 import gin
@@ -69,14 +72,16 @@ SENTENCE_OBJECTIVES = ("nsp", "sop", "none")
 # max_predictions_per_seq, when not given, is round(L * masked_lm_prob) rounded up to a
 # multiple of this: 20 for L=128 and 80 for L=512 at 15%, BERT's published values.
 # masking never predicts more than round(n * rate) <= round(L * rate) tokens (whole-word
-# and n-gram masking skip a unit that would overshoot), so the cap never binds; the
-# margin (0..3 slots) only pads.
+# and n-gram masking skip a unit that would overshoot), nor span masking more than
+# ceil((L - 2) * rate) (SpanBERT's budget over the block between [CLS] and [SEP]), so the
+# cap never binds; the margin (0..3 slots) only pads.
 _PREDICTIONS_MULTIPLE = 4
 
 
 def derived_max_predictions(max_seq_length: int, masked_lm_prob: float) -> int:
-    """round(L * rate) (Python rounding, as masking) rounded up to a multiple of 4, >= 1."""
-    need = max(1, round(max_seq_length * masked_lm_prob))
+    """max(round(L * rate), ceil((L - 2) * rate)) (Python arithmetic, as masking) rounded up
+    to a multiple of 4, >= 1."""
+    need = max(1, round(max_seq_length * masked_lm_prob), math.ceil((max_seq_length - 2) * masked_lm_prob))
     return -(-need // _PREDICTIONS_MULTIPLE) * _PREDICTIONS_MULTIPLE
 
 
@@ -92,7 +97,11 @@ class PipelineConfig:
     sentence_objective: "nsp" (BERT), "sop" (ALBERT, pair formats only) or "none" (no
     sentence_label in the batch). pair_format: "bert" / "roberta", or None to take it
     from the shards' manifest (the tokenizer's identity), default "bert".
-    masking_unit: "token", "whole_word" or "ngram" (data/masking.py).
+    masking_unit: "token", "whole_word", "ngram" or "span" (data/masking.py; "span" is
+    SpanBERT's, shaped by span_geometric_p, span_max_words and sbo_max_targets, and draws its
+    random tokens from the shards' unigram counts).
+    pack_examples: DOC-SENTENCES packs short rows (True, our default: no padding compute);
+    False keeps one example per row, as SpanBERT's blocks.
     max_predictions_per_seq: None derives it from the length and rate
     (`derived_max_predictions`); after construction it is always an int.
     """
@@ -111,6 +120,10 @@ class PipelineConfig:
     sentence_objective: str = "nsp"
     pair_format: str | None = None
     masking_unit: str = "token"
+    span_geometric_p: float = 0.2  # SpanBERT: P(l words) ~ p (1 - p)^(l - 1) ...
+    span_max_words: int = 10  # ... for l = 1..10, renormalised (mean 3.8 words)
+    sbo_max_targets: int = 15  # span boundary objective targets per span
+    pack_examples: bool = True
 
     def __post_init__(self):
         if self.masking not in MASKING_MODES:
@@ -146,6 +159,11 @@ class PipelineConfig:
                 f"PipelineConfig.masking_unit must be one of {masking.MASKING_UNITS}, "
                 f"got {self.masking_unit!r}"
             )
+        if not 0 < self.span_geometric_p <= 1 or self.span_max_words < 1 or self.sbo_max_targets < 1:
+            raise ConfigError(
+                "PipelineConfig needs 0 < span_geometric_p <= 1, span_max_words >= 1 and sbo_max_targets "
+                f">= 1, got {self.span_geometric_p}, {self.span_max_words}, {self.sbo_max_targets}"
+            )
         if self.max_predictions_per_seq is None:
             derived = derived_max_predictions(self.max_seq_length, self.masked_lm_prob)
             object.__setattr__(self, "max_predictions_per_seq", derived)
@@ -154,6 +172,11 @@ class PipelineConfig:
                 "PipelineConfig.max_predictions_per_seq must be >= 1 or None, "
                 f"got {self.max_predictions_per_seq}"
             )
+
+    @property
+    def packed(self) -> bool:
+        """Rows hold several examples (DOC-SENTENCES with packing): batches carry example_ids."""
+        return self.format == "doc_sentences" and self.pack_examples
 
 
 def resolve_pair_format(config: PipelineConfig, vocab: Vocab) -> str:
@@ -284,6 +307,7 @@ def instance_stream(
     process_index: int = 0,
     process_count: int = 1,
     word_starts=None,
+    unigram_counts=None,
 ) -> tf.data.Dataset:
     """Endless stream of masked rows (unbatched) from these files; see the module docstring.
 
@@ -291,10 +315,13 @@ def instance_stream(
     pass from its copy's document order and with fresh scan states, then shuffled across
     passes by the instance buffer.
     word_starts: [vocab_size] bool (the tokenizer's `word_start_mask()`), needed for
-    masking_unit "whole_word" / "ngram".
+    masking_unit "whole_word" / "ngram" / "span".
+    unigram_counts: [vocab_size] int64 training-token counts (the manifest's), needed for "span".
     """
     if config.masking_unit != "token" and word_starts is None:
         raise ValueError(f"masking_unit={config.masking_unit!r} needs word_starts [vocab_size] bool")
+    if config.masking_unit == "span" and unigram_counts is None:
+        raise ValueError("masking_unit='span' needs unigram_counts [vocab_size] int64")
     pass_documents = functools.partial(
         _pass_documents,
         files,
@@ -306,6 +333,7 @@ def instance_stream(
     random_base = tf.constant([config.seed + 1, 0], tf.int64)
     pair_format = resolve_pair_format(config, vocab)
     word_table = None if word_starts is None else tf.constant(word_starts, tf.bool)
+    unigram_table = None if unigram_counts is None else tf.constant(unigram_counts, tf.int64)
 
     def copy_of(epoch):
         return epoch % config.dupe_factor
@@ -333,6 +361,20 @@ def instance_stream(
             )
         mask_epoch = copy_of(epoch) if config.masking == "static" else epoch
         mask_seed = instances.derive_seed(base, _SALT_MASK, mask_epoch, doc_id, index)
+        if config.masking_unit == "span":
+            return masking.mask_spans(
+                row,
+                seed=mask_seed,
+                mask_id=vocab.mask_id,
+                never_mask_ids=(vocab.cls_id, vocab.sep_id),
+                masked_lm_prob=config.masked_lm_prob,
+                max_predictions_per_seq=config.max_predictions_per_seq,
+                word_starts=word_table,
+                unigram_counts=unigram_table,
+                geometric_p=config.span_geometric_p,
+                max_span_words=config.span_max_words,
+                max_pair_targets=config.sbo_max_targets,
+            )
         return masking.mask_tokens(
             row,
             seed=mask_seed,
@@ -441,7 +483,7 @@ def _filled_rows(docs, config, vocab, mask) -> tf.data.Dataset:
         return dict(out, doc_id=row["doc_id"], sentence_index=row["sentence_index"], epoch=row["epoch"])
 
     ds = ds.map(single, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if not cross:
+    if config.packed:
         ds = ds.concatenate(tf.data.Dataset.from_tensors(instances.flush_example(length)))
         pack = functools.partial(instances.pack_step, max_seq_length=length, pad_id=vocab.pad_id)
         ds = ds.scan(instances.pack_initial_state(length), pack).filter(_was_emitted).map(_emitted)
@@ -496,8 +538,10 @@ def make_dataset(
       shuffle: False gives a fixed order (eval): documents and instances unshuffled.
       first_epoch: number of the first epoch (eval uses a fixed epoch, so fixed masks).
     """
-    vocab = shards.load_manifest(data_dir).vocab
+    manifest = shards.load_manifest(data_dir)
+    vocab = manifest.vocab
     word_starts = None if config.masking_unit == "token" else load_word_starts(data_dir)
+    unigram_counts = manifest.unigram_counts() if config.masking_unit == "span" else None
     files, shard_documents = host_files(data_dir, split, process_index, process_count)
     options = tf.data.Options()
     options.deterministic = True
@@ -511,5 +555,6 @@ def make_dataset(
         process_index=process_index,
         process_count=process_count,
         word_starts=word_starts,
+        unigram_counts=unigram_counts,
     )
     return ds.batch(batch_size, drop_remainder=True).prefetch(2).with_options(options)

@@ -213,6 +213,14 @@ def preprocess(
         existing = shards.load_manifest(output)
         if existing.fields.get("fingerprint") == fingerprint:
             documents = existing.splits["train"]["documents"]
+            if shards.UNIGRAM_COUNTS not in existing.fields:  # shards from before span masking
+                fields = dict(existing.fields)
+                fields[shards.UNIGRAM_COUNTS] = shards.count_unigrams(
+                    existing.files("train"), existing.vocab_size
+                )
+                shards.write_manifest(output, fields)
+                log(f"{output}: added the train split's unigram counts to the manifest")
+                return shards.Manifest(output, fields)
             log(f"{output} is up to date ({documents} train documents); nothing to do")
             return existing
         if not overwrite:
@@ -333,6 +341,7 @@ def preprocess(
         },
         "dropped_empty_sentences": dropped_sentences,
         "dropped_empty_documents": dropped_documents,
+        shards.UNIGRAM_COUNTS: shards.count_unigrams(paths["train"], tokenizer.vocab_size),
         "seconds": round(time.time() - start, 1),
     }
     shards.write_manifest(output, manifest)

@@ -7,7 +7,9 @@ A preprocessed directory holds:
                                         a random sample of the corpus in a random order)
     eval-00000-of-00001.tfrecord        held-out documents
     tokenizer/                          the tokenizer that made the ids
-    manifest.json                       written last: its presence means the shards are complete
+    manifest.json                       written last: its presence means the shards are complete;
+                                        also holds the train split's unigram_counts (tokens per
+                                        id: span masking's random replacements draw from them)
 
 Each record has the features
     token_ids         int64 list   all tokens of the document, sentences concatenated
@@ -26,6 +28,7 @@ import json
 import os
 from typing import Any, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from core.errors import UserError
@@ -115,6 +118,17 @@ class Manifest:
             random_exclude_ids=masking.random_exclude_ids(self.tokenizer.get("kind"), ids),
         )
 
+    def unigram_counts(self) -> np.ndarray:
+        """[vocab_size] int64: how often each id occurs in the train split."""
+        counts = self.fields.get(UNIGRAM_COUNTS)
+        if counts is None:
+            raise ShardsError(
+                f"the manifest of '{self.directory}' has no {UNIGRAM_COUNTS} (written before span "
+                "masking existed): run data.preprocess again with the same arguments; it adds them "
+                "without tokenizing again"
+            )
+        return np.asarray(counts, np.int64)
+
     def files(self, split: str) -> list[str]:
         """Full paths of the split's shard files, in manifest order."""
         return [os.path.join(self.directory, name) for name in self.splits[split]["files"]]
@@ -143,9 +157,31 @@ def load_manifest(directory: str) -> Manifest:
     return Manifest(directory, fields)
 
 
+def count_unigrams(files: Sequence[str], vocab_size: int) -> list[int]:
+    """[vocab_size] counts of the token ids in these shard files (one read of them)."""
+
+    def counts(record):
+        ids = tf.io.parse_single_example(record, {"token_ids": tf.io.VarLenFeature(tf.int64)})["token_ids"]
+        return tf.math.bincount(ids.values, minlength=vocab_size, maxlength=vocab_size, dtype=tf.int64)
+
+    ds = tf.data.TFRecordDataset(list(files), num_parallel_reads=tf.data.AUTOTUNE)
+    ds = ds.map(counts, num_parallel_calls=tf.data.AUTOTUNE)
+    total = ds.reduce(tf.zeros([vocab_size], tf.int64), lambda acc, c: acc + c)
+    return [int(c) for c in total.numpy()]
+
+
+UNIGRAM_COUNTS = "unigram_counts"
+
+
 def write_manifest(directory: str, manifest: dict) -> None:
-    """Writes the manifest atomically (temporary file, then rename)."""
+    """Writes the manifest atomically (temporary file, then rename); the unigram counts on
+    one line, so that the file stays readable."""
     path = os.path.join(directory, MANIFEST)
+    fields = dict(manifest)
+    counts = fields.pop(UNIGRAM_COUNTS, None)
+    text = json.dumps(fields, indent=2)
+    if counts is not None:
+        text = text[: text.rindex("}")].rstrip() + f',\n  "{UNIGRAM_COUNTS}": {json.dumps(counts)}\n}}'
     with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-        json.dump(manifest, f, indent=2)
+        f.write(text)
     tf.io.gfile.rename(path + ".tmp", path, overwrite=True)

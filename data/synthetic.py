@@ -4,7 +4,6 @@ Token ids encode where they came from: token = 1000 + 100 * doc_id + sentence_in
 so a test can tell which document and sentence any token of an instance belongs to.
 """
 
-import json
 import os
 
 import numpy as np
@@ -56,7 +55,10 @@ def write_shards(directory: str, docs: dict, eval_docs: dict | None = None, num_
         "special_ids": SPECIAL,
         "splits": manifest_splits,
         "tokenizer": {"kind": "synthetic"},
+        shards.UNIGRAM_COUNTS: np.bincount(
+            [t for sentences in docs.values() for sentence in sentences for t in sentence],
+            minlength=VOCAB_SIZE,
+        ).tolist(),
     }
-    with open(os.path.join(directory, shards.MANIFEST), "w") as f:
-        json.dump(manifest, f)
+    shards.write_manifest(directory, manifest)
     return directory

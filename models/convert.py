@@ -9,9 +9,13 @@
     python -m models.convert export --workdir=W --to=hf:DISC --generator_to=hf:GEN
 
 Families: HF model_type bert, roberta, albert and electra; TF1 checkpoints of
-google-research/bert and google-research/albert. An imported workdir is what
-`models.pretrained.load_pretrained` reads (model_config.json, tokenizer/, checkpoints/0/state),
-so `finetune.glue --init_checkpoint`, `models.encode` and `models.predict` take it as it is.
+google-research/bert and google-research/albert. A config.json without model_type (old
+pytorch-pretrained-bert folders, e.g. SpanBERT's published checkpoints) is read as BERT when
+its keys and weight names are BERT's. SpanBERT's span boundary (SBO) head has no
+transformers counterpart: an export writes the BERT parts and leaves it out, with a
+warning. An imported workdir is what `models.pretrained.load_pretrained` reads
+(model_config.json, tokenizer/, checkpoints/0/state), so `finetune.glue --init_checkpoint`,
+`models.encode` and `models.predict` take it as it is.
 `converted_from.json` beside it records the source and which optional parts (pooler, MLM
 head, NSP/SOP head, ELECTRA's discriminator head and generator) the source had; parts it
 lacked are left out of the parameters rather than filled with random values.
@@ -91,6 +95,10 @@ CONVERTED_FROM = "converted_from.json"
 OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head", "discriminator_head", "generator")
 # The top-level subtrees of an ELECTRA tree that are its generator.
 GENERATOR_PARTS = ("generator", "generator_head")
+# Top-level subtrees of our pretraining trees that no transformers class has: an export
+# writes the rest of the model and leaves these out with a warning. SpanBERT's span boundary
+# objective head exists only in pretraining (facebookresearch/SpanBERT's releases drop it too).
+NOT_EXPORTED = {"sbo_head": "the span boundary (SBO) head"}
 
 
 class ConversionError(UserError):
@@ -832,11 +840,59 @@ def _hf_params(
     return params, groups
 
 
+# An HF config.json without model_type is read as BERT only when it has the keys of
+# pytorch-pretrained-bert's BertConfig (which wrote no model_type: e.g. SpanBERT's release,
+# spanbert_hf*.tar.gz / SpanBERT/spanbert-*-cased), none that only other families' configs
+# have, and weights with BERT's encoder names (`_has_bert_weights`).
+_LEGACY_BERT_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+)
+_NOT_BERT_KEYS = ("embedding_size", "num_hidden_groups", "inner_group_num")
+
+
+def _legacy_bert_config(hf: Mapping[str, Any]) -> bool:
+    """A config.json without model_type whose keys are BERT's (the weights decide: `_has_bert_weights`)."""
+    return (
+        "model_type" not in hf
+        and all(k in hf for k in _LEGACY_BERT_KEYS)
+        and not any(k in hf for k in _NOT_BERT_KEYS)
+    )
+
+
+def _has_bert_weights(tensors: Mapping[str, np.ndarray]) -> bool:
+    """Weights named as BERT's encoder (bert.embeddings.* or, a bare BertModel, embeddings.*)
+    and none of another family's prefix."""
+    others = tuple(f.hf_base for f in FORMATS.values() if f is not BERT)
+    return any(
+        f"{base}embeddings.word_embeddings.weight" in tensors for base in (BERT.hf_base, "")
+    ) and not any(k.startswith(others) for k in tensors)
+
+
 def read_hf_model(directory: str) -> tuple[ModelFormat, EncoderConfig, dict[str, Any], list[str]]:
-    """config.json and the weights of an HF folder: (family, config, our params, optional groups)."""
+    """config.json and the weights of an HF folder: (family, config, our params, optional groups).
+
+    A config.json without model_type, with BERT's keys and BERT's weight names, is read as
+    BERT (old pytorch-pretrained-bert folders, e.g. SpanBERT's release); any other config
+    without model_type is refused as an unsupported model type.
+    """
     where = f"hf:{directory}"
-    fmt, config = hf_config_to_ours(_read_hf_config(directory, where), where)
-    tensors = _read_hf_tensors(directory, where)
+    hf = _read_hf_config(directory, where)
+    tensors = None
+    if _legacy_bert_config(hf):
+        tensors = _read_hf_tensors(directory, where)
+        if _has_bert_weights(tensors):
+            log.info(
+                "%s: config.json has no model_type; its keys and weight names are BERT's: read as BERT",
+                where,
+            )
+            hf = {**hf, "model_type": BERT.model_type}
+    fmt, config = hf_config_to_ours(hf, where)
+    if tensors is None:
+        tensors = _read_hf_tensors(directory, where)
     if fmt is ELECTRA and any(k.startswith("generator_predictions.") for k in tensors):
         # An ElectraForMaskedLM: its encoder is the generator, not the model a workdir's
         # `encoder` is (the discriminator).
@@ -1025,7 +1081,9 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
 
     Returns the HF class written into `output`'s config.json: the one with exactly the
     workdir's heads (e.g. BertForPreTraining with MLM + NSP, BertForMaskedLM with only MLM,
-    BertModel without; ElectraForPreTraining for an ELECTRA discriminator).
+    BertModel without; ElectraForPreTraining for an ELECTRA discriminator). Subtrees with no
+    transformers counterpart (NOT_EXPORTED: SpanBERT's SBO head) are left out with a warning,
+    so a SpanBERT workdir exports as BertForMaskedLM.
     """
     pretrained = pretrained_lib.load_pretrained(workdir, step)
     config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
@@ -1038,9 +1096,13 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
             log.warning(
                 "'%s': the ELECTRA generator is not exported: pass --generator_to=hf:DIR for it", workdir
             )
+        for part, what in NOT_EXPORTED.items():
+            if part in params:
+                log.warning("'%s': %s has no transformers counterpart: not exported", workdir, what)
         write_hf_tokenizer(tokenizer, config, output)
-        discriminator = {k: v for k, v in params.items() if k not in GENERATOR_PARTS}
-        architecture = write_hf_model(output, config, discriminator, tokenizer.pad_id)
+        # ELECTRA: the discriminator; SpanBERT: BERT without the SBO head.
+        model = {k: v for k, v in params.items() if k not in GENERATOR_PARTS and k not in NOT_EXPORTED}
+        architecture = write_hf_model(output, config, model, tokenizer.pad_id)
         if generator_output is not None:
             write_hf_tokenizer(tokenizer, config, generator_output)
             generator_config, generator = pretrained_lib.electra_generator(config, params)

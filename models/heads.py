@@ -1,4 +1,5 @@
-"""Pretraining heads: the masked-LM head (tied decoder) and the NSP/SOP head.
+"""Pretraining heads: the masked-LM head (tied decoder), the NSP/SOP head and SpanBERT's
+span boundary (SBO) head.
 
 Parameter trees (names map onto BERT's cls/predictions and cls/seq_relationship):
 
@@ -6,6 +7,9 @@ Parameter trees (names map onto BERT's cls/predictions and cls/seq_relationship)
                   output_bias [padded V]   (E = H except for ALBERT's factorized embedding;
                   padded V = EncoderConfig.padded_vocab_size)
     SentenceHead: classifier/{kernel, bias}   (NSP for BERT, SOP for ALBERT: same head)
+    SpanBoundaryHead: position_embeddings/embedding [15, 200]; dense_1/{kernel, bias}
+                  [2H + 200, H]; layer_norm_1; dense_2 [H, E]; layer_norm_2; output_bias
+                  [padded V]   (SpanBERT's cls.pair_target_predictions; not in transformers)
 """
 
 from __future__ import annotations
@@ -53,18 +57,87 @@ class MaskedLMHead(nn.Module):
         # H labelled `mlp` (split over `tensor`), which the decoder's V also uses. Left to
         # the partitioner, that einsum's backward came out wrong on data x fsdp x tensor
         # meshes (tests/test_sharding.py::test_every_mesh_equals_single_device).
-        x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, cfg.embedding_axis))
-        # Inputs in compute dtype, accumulation and result in float32: the logits
-        # feed a softmax over V entries.
-        logits = jnp.einsum(
-            "bpe,ve->bpv", x, word_embeddings.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+        return tied_logits(self, cfg, x, word_embeddings)
+
+
+def tied_logits(module: nn.Module, cfg: EncoderConfig, x: jax.Array, word_embeddings: jax.Array) -> jax.Array:
+    """The tied decoder of the MLM and SBO heads: x [B, P, E] compute dtype times the word
+    table [padded V, E], plus the head's own `output_bias` [padded V] (a parameter of
+    `module`) -> [B, P, V] float32, the padding rows' logits dropped."""
+    x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, cfg.embedding_axis))
+    # Inputs in compute dtype, accumulation and result in float32: the logits
+    # feed a softmax over V entries.
+    logits = jnp.einsum(
+        "bpe,ve->bpv", x, word_embeddings.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+    )
+    output_bias = module.param(
+        "output_bias", bias_init((axes.VOCAB,)), (cfg.padded_vocab_size,), cfg.storage_dtype
+    )
+    logits = logits + output_bias.astype(jnp.float32)
+    logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.PREDICTIONS, axes.VOCAB))
+    return logits[..., : cfg.vocab_size]
+
+
+# SpanBERT's --pair-positional-embedding-size: the width of the SBO head's position table.
+SBO_POSITION_WIDTH = 200
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT's span boundary objective head (facebookresearch/SpanBERT
+    pretraining/fairseq/models/pair_bert.py `BertPairTargetPredictionHead`): predicts each
+    token of a masked span from the span's two boundary tokens and its place in the span.
+
+    concat[h_left; h_right; position_embeddings[offset]] -> dense_1 (2H + W -> H) -> act ->
+    layer_norm_1 -> dense_2 (H -> E) -> act -> layer_norm_2 -> decoder tied to the word
+    embeddings with the head's own output_bias. E = H for SpanBERT; with ALBERT's factorized
+    embedding dense_2 maps to E so the tied decoder applies (the original has no such case).
+    Evaluated per prediction slot (the batch's sbo_* keys), so it costs what the MLM head costs.
+    """
+
+    config: EncoderConfig
+    max_targets: int = 15  # rows of the position table: targets per span
+    position_width: int = SBO_POSITION_WIDTH
+
+    @nn.compact
+    def __call__(
+        self,
+        sequence_output: jax.Array,
+        left: jax.Array,
+        right: jax.Array,
+        offset: jax.Array,
+        word_embeddings: jax.Array,
+    ) -> jax.Array:
+        """Logits over the vocabulary for the span tokens of the prediction slots.
+
+        Args:
+          sequence_output: [B, L, H] compute dtype, the encoder's last hidden states.
+          left, right: [B, P] int32 positions of each slot's span boundary tokens.
+          offset: [B, P] int32 place of the slot's token in its span, 0..max_targets - 1.
+          word_embeddings: [padded V, E] the token embedding table.
+        Returns:
+          [B, P, V] float32 logits.
+        """
+        cfg = self.config
+
+        def at(positions):
+            x = jnp.take_along_axis(sequence_output, positions[:, :, None], axis=1)
+            return nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
+
+        table = nn.Embed(
+            self.max_targets,
+            self.position_width,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.storage_dtype,
+            embedding_init=kernel_init(cfg, (None, None)),
+            name="position_embeddings",
         )
-        output_bias = self.param(
-            "output_bias", bias_init((axes.VOCAB,)), (cfg.padded_vocab_size,), cfg.storage_dtype
-        )
-        logits = logits + output_bias.astype(jnp.float32)
-        logits = nn.with_logical_constraint(logits, (axes.BATCH, axes.PREDICTIONS, axes.VOCAB))
-        return logits[..., : cfg.vocab_size]
+        x = jnp.concatenate([at(left), at(right), table(offset)], axis=-1)
+        x = cfg.activation(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="dense_1")(x))
+        x = layer_norm(cfg, axes.EMBED, name="layer_norm_1")(x).astype(cfg.compute_dtype)
+        out_axis = axes.FACTORIZED if cfg.factorized_embedding else axes.MLP
+        x = cfg.activation(dense(cfg, cfg.embedding_width, (axes.EMBED, out_axis), name="dense_2")(x))
+        x = layer_norm(cfg, cfg.embedding_axis, name="layer_norm_2")(x).astype(cfg.compute_dtype)
+        return tied_logits(self, cfg, x, word_embeddings)
 
 
 class SentenceHead(nn.Module):

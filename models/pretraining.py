@@ -1,8 +1,9 @@
 """BERT's pretraining model (encoder + MLM head + optional NSP/SOP head): the module of the
 masked-LM objective (pretrain/objectives/masked_lm.py) for BERT, RoBERTa and ALBERT.
 
-Parameter tree top level: `encoder` (models/encoder.py), `mlm_head`, and
-`sentence_head` when the recipe has a sentence objective (models/heads.py).
+Parameter tree top level: `encoder` (models/encoder.py), `mlm_head`, `sentence_head`
+when the recipe has a sentence objective, and `sbo_head` for SpanBERT's span boundary
+objective (models/heads.py).
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ import numpy as np
 from flax import traverse_util
 
 from models.encoder import Encoder, EncoderConfig
-from models.heads import MaskedLMHead, SentenceHead
+from models.heads import MaskedLMHead, SentenceHead, SpanBoundaryHead
 
 
 class BertPretrainingModel(nn.Module):
-    """Encoder with the MLM head and, if `sentence_head`, the NSP/SOP head (on the pooler,
-    which the encoder then has whatever `config.pooler` says)."""
+    """Encoder with the MLM head; if `sentence_head`, the NSP/SOP head (on the pooler,
+    which the encoder then has whatever `config.pooler` says); if `sbo_max_targets`,
+    SpanBERT's span boundary head."""
 
     config: EncoderConfig
     sentence_head: bool = True
+    #: SpanBERT's span boundary head: 0 = none, else its targets per span (15); the batch
+    #: then has sbo_left, sbo_right, sbo_offset [B, P].
+    sbo_max_targets: int = 0
 
     @nn.compact
     def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool) -> dict[str, jax.Array]:
@@ -39,7 +44,8 @@ class BertPretrainingModel(nn.Module):
           deterministic: False in training: enables dropout (rng collection "dropout").
         Returns:
           {"mlm_logits": [B, P, V] float32, "sentence_logits": [B, 2] float32
-          (only with the sentence head)}.
+          (only with the sentence head), "sbo_logits": [B, P, V] float32 (only with
+          the span boundary head)}.
         """
         # The sentence head reads the pooler: built whenever there is one, also for a model
         # without a pooler of its own (RoBERTa's model files, in the NSP arms of its grid).
@@ -59,6 +65,14 @@ class BertPretrainingModel(nn.Module):
         }
         if self.sentence_head:
             logits["sentence_logits"] = SentenceHead(self.config, name="sentence_head")(encoded.pooled_output)
+        if self.sbo_max_targets:
+            logits["sbo_logits"] = SpanBoundaryHead(self.config, self.sbo_max_targets, name="sbo_head")(
+                encoded.sequence_output,
+                batch["sbo_left"],
+                batch["sbo_right"],
+                batch["sbo_offset"],
+                encoded.word_embeddings,
+            )
         return logits
 
 
@@ -88,6 +102,7 @@ VOCAB_ROWS = (
     ("encoder", "embeddings", "word_embeddings", "embedding"),
     ("mlm_head", "output_bias"),
     ("generator_head", "output_bias"),
+    ("sbo_head", "output_bias"),
 )
 
 

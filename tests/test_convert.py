@@ -351,13 +351,20 @@ def test_tf1_checkpoint_imports_to_the_same_values(bert):
         np.testing.assert_array_equal(got[key], expected[key], err_msg="/".join(key))
 
 
-def test_encode_cli_writes_transformers_outputs(bert, tmp_path):
-    model, _, workdir, _ = bert
+def _encode_lines(workdir, tmp_path, text: str) -> dict[str, np.ndarray]:
+    """`models.encode` of `text` (one sentence or A<TAB>B per line): the npz's arrays."""
     lines = tmp_path / "lines.txt"
-    lines.write_text("paris is the capital of france .\nberlin is a city\tthe capital of germany .\n")
+    lines.write_text(text)
     out = tmp_path / "features.npz"
     assert encode.main([f"--workdir={workdir}", f"--input={lines}", f"--output={out}"]) == 0
-    features = dict(np.load(out))
+    return dict(np.load(out))
+
+
+def test_encode_cli_writes_transformers_outputs(bert, tmp_path):
+    model, _, workdir, _ = bert
+    features = _encode_lines(
+        workdir, tmp_path, "paris is the capital of france .\nberlin is a city\tthe capital of germany .\n"
+    )
     tokenizer = workdir_lib.load_pretrained(workdir).tokenizer
     first = [tokenizer.cls_id, *tokenizer.encode("paris is the capital of france ."), tokenizer.sep_id]
     assert features["input_ids"][0, : len(first)].tolist() == first

@@ -5,23 +5,22 @@ exact resume, the pipeline's in-step rows, and the FLOPs counts."""
 import dataclasses
 
 import flax
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import traverse_util
 
-from core import flops, optim, sharding
+from core import flops, sharding
 from core.errors import ConfigError
 from data import pipeline, synthetic
 from data.pipeline import PipelineConfig
 from models.electra import generator_config
 from models.encoder import EncoderConfig
-from pretrain import step, trainer
+from pretrain import step
 from pretrain.objectives import ElectraRTD
 from pretrain.objectives.electra import mask_counts, mask_rows, max_predictions
-from tests import test_sharding
+from tests import objective_runs, test_sharding
 
 # 8 heads and widths divisible by 8 (tensor:8 meshes); no dropout, so that every layout and
 # microbatching computes the same function.
@@ -292,24 +291,15 @@ def _run(workdir, data_dir, steps):
     config = dataclasses.replace(
         DISC, vocab_size=synthetic.VOCAB_SIZE, dropout_rate=0.1, attention_dropout_rate=0.1, num_heads=4
     )
-    with gin.unlock_config():
-        gin.bind_parameter("make_objective.objective", ElectraRTD)
-    try:
-        return trainer.run(
-            str(workdir),
-            data_dir=data_dir,
-            model_config=config,
-            pipeline_config=dataclasses.replace(DATA, document_shuffle_buffer=20, instance_shuffle_buffer=50),
-            steps=steps,
-            batch_size=16,
-            optimizer_fn=lambda total_steps: optim.adamw(10, learning_rate=1e-3, warmup_steps=2),
-            log_every=5,
-            eval_every=1000,
-            eval_batches=2,
-            checkpoint_every=5,
-        )
-    finally:
-        gin.clear_config()
+    return objective_runs.run(
+        workdir,
+        data_dir,
+        steps,
+        objective=ElectraRTD,
+        model_config=config,
+        pipeline_config=dataclasses.replace(DATA, document_shuffle_buffer=20, instance_shuffle_buffer=50),
+        batch_size=16,
+    )
 
 
 @pytest.mark.slow(75)

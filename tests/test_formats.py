@@ -399,7 +399,7 @@ def test_config_errors():
     with pytest.raises(ValueError, match="format must be one of"):
         _config(format="paragraphs")
     with pytest.raises(ValueError, match="masking_unit"):
-        _config(masking_unit="span")
+        _config(masking_unit="spans")
 
 
 @pytest.mark.parametrize(

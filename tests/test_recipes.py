@@ -1,5 +1,6 @@
 """The recipes end to end at tiny size: each recipe file with its own tokenizer kind
-(BERT + WordPiece, RoBERTa + byte-level BPE, ALBERT + SentencePiece, ELECTRA + WordPiece) on
+(BERT + WordPiece, RoBERTa + byte-level BPE, ALBERT + SentencePiece, ELECTRA and SpanBERT +
+WordPiece) on
 real English text, preprocessed to shards, trained for a few steps through `pretrain.trainer.run`; and every
 ablation arm file builds on its base."""
 
@@ -26,6 +27,7 @@ RECIPES = {
     "roberta": ("roberta_base.gin", tokenizers.train_bpe, 400),
     "albert": ("albert_base.gin", tokenizers.train_sentencepiece, 300),
     "electra": ("electra_small.gin", tokenizers.train_wordpiece, 400),
+    "spanbert": ("spanbert_base.gin", tokenizers.train_wordpiece, 400),
 }
 # The recipes' model shapes, shrunk: what stays is the recipe's (E, sharing, offsets, objectives).
 TINY = """
@@ -101,12 +103,17 @@ def test_recipe_trains_with_its_tokenizer(recipe_data):
         "roberta": ("full_sentences", "none", "token"),
         "albert": ("segment_pair", "sop", "ngram"),
         "electra": ("segment_pair", "none", "token"),
+        "spanbert": ("doc_sentences", "none", "span"),
     }[name]
     assert (data.format, data.sentence_objective, data.masking_unit) == expected
-    assert ("sentence_accuracy" not in summary) == (name in ("roberta", "electra"))
+    assert ("sentence_accuracy" not in summary) == (name in ("roberta", "electra", "spanbert"))
     if name == "electra":  # generator + discriminator: tests/test_electra.py checks the tree
         assert summary["objective"] == "ElectraRTD" and data.masking == "in_step"
         assert 0 <= summary["disc_accuracy"] <= 1 and not config.pooler
+        return
+    if name == "spanbert":  # unpacked blocks, MLM + SBO: tests/test_spanbert.py checks the rest
+        assert summary["objective"] == "SpanBoundary" and not data.packed and data.masking == "dynamic"
+        assert 0 <= summary["eval"]["sbo_accuracy"] <= 1 and config.vocab_size == vocab_size
         return
     params = abstract_params(config, sentence_head=name != "roberta")
     encoder = set(params["encoder"])
@@ -124,7 +131,7 @@ GRIDS = {
     "sentence_objective": {"none", "nsp", "sop"},
     "albert_sharing": {"all", "attention", "ffn", "none"},
     "albert_embedding": {"64", "128", "256", "768"},
-    "masking_unit": {"token", "whole_word", "ngram"},
+    "masking_unit": {"token", "whole_word", "ngram", "span", "span_sbo"},
     "electra_vs_mlm": {"electra", "mlm"},
 }
 
@@ -163,3 +170,7 @@ def test_every_ablation_arm_builds_on_its_base_and_differs(grid):
             "electra": "ElectraRTD",
             "mlm": "MaskedLM",
         }
+    if grid == "masking_unit":
+        objectives = {name: objective for name, (_, _, objective) in built.items()}
+        assert objectives.pop("span_sbo") == "SpanBoundary" and set(objectives.values()) == {"MaskedLM"}
+        assert built["span"][1].masking_unit == built["span_sbo"][1].masking_unit == "span"

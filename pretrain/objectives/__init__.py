@@ -2,7 +2,8 @@
 
 `make_objective` is the one place a run, a benchmark or pretrain.summary gets its
 objective from: a recipe chooses it with `make_objective.objective = @MaskedLM` (the
-default) or `@ElectraRTD` (configs/recipes/electra.gin). Importing the package registers
+default), `@ElectraRTD` (configs/recipes/electra.gin) or `@SpanBoundary`
+(configs/recipes/spanbert.gin). Importing the package registers
 every objective with gin.
 """
 
@@ -17,8 +18,9 @@ from models.encoder import EncoderConfig
 from pretrain.objectives.base import Objective
 from pretrain.objectives.electra import ElectraRTD
 from pretrain.objectives.masked_lm import MaskedLM
+from pretrain.objectives.span_boundary import SpanBoundary
 
-__all__ = ["ElectraRTD", "MaskedLM", "Objective", "make_objective"]
+__all__ = ["ElectraRTD", "MaskedLM", "Objective", "SpanBoundary", "make_objective"]
 
 
 @gin.configurable

@@ -17,8 +17,9 @@ How the known and coming members fit (docs/architecture.md has the full picture)
   returns generator MLM + 50 x discriminator loss and the sums of both; `normalizers`
   counts real tokens and masked positions of the whole batch (both follow from the rows
   before any draw, so microbatching stays exact).
-- SpanBERT: `batch_spec` adds the span-pair keys the pipeline writes; the module adds the
-  span-boundary head; the loss adds its term.
+- SpanBERT (span_boundary.SpanBoundary, a MaskedLM): `batch_spec` adds the SBO keys that
+  span masking writes (one per prediction slot); the module is BERT's with the span
+  boundary head; the loss adds its sum / (targets + 1).
 - DeBERTa v3: RTD as ELECTRA; gradient-disentangled embedding sharing is a stop_gradient
   inside the module (one optimizer, one parameter tree).
 - XLNet (later): memories carried from step to step would become a `carry` entry of the

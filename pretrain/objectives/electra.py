@@ -160,7 +160,7 @@ class ElectraRTD(Objective):
         self.model_config = model_config
         self.generator_config = generator_config(model_config, generator_hidden_ratio)
         self.mask_prob = pipeline_config.masked_lm_prob
-        self.packed = pipeline_config.format == "doc_sentences"
+        self.packed = pipeline_config.packed
         self.disc_weight = disc_weight
         self._module = ElectraPretrainingModel(model_config, self.generator_config)
 

@@ -68,7 +68,7 @@ class MaskedLM(Objective):
         self.model_config = model_config
         self.sentence_objective = pipeline_config.sentence_objective
         self.sentence_head = self.sentence_objective != "none"
-        self.packed = pipeline_config.format == "doc_sentences"
+        self.packed = pipeline_config.packed
         self._module = BertPretrainingModel(model_config, sentence_head=self.sentence_head)
 
     @property
@@ -118,6 +118,12 @@ class MaskedLM(Objective):
             deterministic=not train,
             rngs={"dropout": rngs["dropout"]} if train else {},
         )
+        return self.loss_of_outputs(outputs, batch, normalizers)
+
+    def loss_of_outputs(
+        self, outputs: Mapping[str, jax.Array], batch: Batch, normalizers: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """(loss, sums) of the module's logits: where a subclass adds its heads' terms."""
         sums = mlm_loss_and_metrics(outputs["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"])
         # BERT adds 1e-5 to the denominator so a batch without predictions gives 0, not NaN.
         loss = sums["mlm_loss_sum"] / (normalizers["mlm_weight"] + 1e-5)
