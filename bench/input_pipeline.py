@@ -43,6 +43,12 @@ def build_parser():
         choices=("segment_pair", "sentence_pair", "full_sentences", "doc_sentences"),
         help="PipelineConfig.format",
     )
+    parser.add_argument(
+        "--masking_unit",
+        default="token",
+        choices=("token", "whole_word", "ngram", "span"),
+        help="PipelineConfig.masking_unit (the others need a --data_dir with a word-start tokenizer)",
+    )
     return parser
 
 
@@ -66,6 +72,7 @@ def _run(args) -> None:
         max_predictions_per_seq=max(1, 20 * args.seq // 128),
         format=args.format,
         sentence_objective="nsp" if args.format in ("segment_pair", "sentence_pair") else "none",
+        masking_unit=args.masking_unit,
     )
     iterator = iter(pipeline.make_dataset(data_dir, "train", config, args.batch))
     for _ in range(10):
@@ -94,6 +101,7 @@ def _run(args) -> None:
                 "batch": args.batch,
                 "seq": args.seq,
                 "format": args.format,
+                "masking_unit": args.masking_unit,
                 "fill": round(tokens / (rows * args.seq), 4),
                 **packing,
                 "examples_per_second": round(args.batch * args.batches / seconds, 1),
