@@ -451,7 +451,9 @@ def test_sbo_head_equals_the_original_head():
         theirs.bias.copy_(p["output_bias"])
         expected = theirs(torch.tensor(hidden), torch.tensor(boundaries, dtype=torch.long)).numpy()
     expected = expected.reshape(batch, pairs * targets, VOCAB)
-    assert np.abs(ours - expected).max() < 1e-5
+    diff = float(np.abs(ours - expected).max())
+    print("SBO head vs the PyTorch transcription: max abs diff", diff)
+    assert diff < 1e-5
 
 
 # ---- the objective ------------------------------------------------------------------------
@@ -524,7 +526,7 @@ def test_schedule_is_spanberts_polynomial_decay():
 
     ours = optim.warmup_linear_decay(peak, warmup, total, "bert")
     for n in [0, 1, 50, 99, 101, 500, 2399, 2400]:
-        assert float(ours(n)) == pytest.approx(theirs(n), rel=1e-5, abs=1e-12), n
+        assert float(ours(n)) == pytest.approx(theirs(n), rel=1e-5, abs=1e-6 * peak), n  # float32
     with open("configs/recipes/spanbert.gin") as f:
         assert "adamw.schedule = 'bert'" in f.read()
 
