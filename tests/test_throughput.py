@@ -1,0 +1,90 @@
+"""The trainer's logged rates agree with the wall clock on a run whose device step is slow on
+purpose: each step sleeps inside the compiled computation (a debug callback), so the host
+dispatches long before the device finishes. Windows timed at dispatch would report several
+times the real rate; ours are timed from completed step to completed step."""
+
+import json
+import time
+
+import jax
+import pytest
+
+from core import metrics_log, optim
+from data import pipeline, synthetic
+from models.encoder import EncoderConfig
+from pretrain import trainer
+from pretrain.objectives import MaskedLM
+
+SLEEP = 0.2  # seconds per train step, spent on the "device"
+STEPS, LOG_EVERY = 40, 10
+
+TINY = EncoderConfig(
+    vocab_size=synthetic.VOCAB_SIZE,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+DATA = pipeline.PipelineConfig(
+    max_seq_length=32, max_predictions_per_seq=5, document_shuffle_buffer=20, instance_shuffle_buffer=50
+)
+
+
+class SlowMaskedLM(MaskedLM):
+    """MaskedLM whose training loss sleeps SLEEP seconds when the device runs it."""
+
+    def loss(self, params, batch, rngs, normalizers, *, train):
+        if train:
+            jax.debug.callback(lambda: time.sleep(SLEEP))
+        return super().loss(params, batch, rngs, normalizers, train=train)
+
+
+@pytest.mark.slow(30)
+def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatch):
+    data_dir = synthetic.write_shards(
+        str(tmp_path / "shards"),
+        synthetic.make_documents(60, seed=1, max_len=8),
+        synthetic.make_documents(8, seed=2, max_len=8, first_id=150),
+    )
+    logged = []  # (wall clock, step, values) of every train log line, when it is written
+    write = metrics_log.MetricsWriter.write
+
+    def timed_write(self, step, split, values):
+        if split == "train":
+            logged.append((time.perf_counter(), step, dict(values)))
+        return write(self, step, split, values)
+
+    monkeypatch.setattr(metrics_log.MetricsWriter, "write", timed_write)
+    monkeypatch.setattr(trainer, "make_objective", lambda config, data: SlowMaskedLM(config, data))
+    started = time.perf_counter()
+    summary = trainer.run(
+        str(tmp_path / "run"),
+        data_dir=data_dir,
+        model_config=TINY,
+        pipeline_config=DATA,
+        steps=STEPS,
+        batch_size=8,
+        optimizer_fn=lambda total_steps: optim.adamw(total_steps, learning_rate=1e-3, warmup_steps=2),
+        log_every=LOG_EVERY,
+        eval_every=1000,
+        eval_batches=1,
+        checkpoint_every=1000,
+    )
+    wall = time.perf_counter() - started
+    assert [step for _, step, _ in logged] == [10, 20, 30, 40]
+    for (t0, s0, _), (t1, s1, values) in zip(logged, logged[1:]):
+        measured = (s1 - s0) / (t1 - t0)
+        assert values["steps_per_second"] == pytest.approx(measured, rel=0.1), (s1, measured)
+        assert values["steps_per_second"] < 1 / SLEEP  # a step can never beat its sleep
+        tokens_per_step = values["tokens_per_second"] / values["steps_per_second"]
+        assert 8 <= tokens_per_step <= 8 * DATA.max_seq_length
+    # The ETA at step 20 is the time the last 20 steps then took.
+    t20, _, at20 = logged[1]
+    assert at20["eta_seconds"] == pytest.approx(logged[-1][0] - t20, rel=0.1)
+    # summary.json: tokens / training time, which covers at least every step's sleep.
+    assert STEPS * SLEEP <= summary["train_seconds"] <= wall
+    steady = logged[-1][2]["tokens_per_second"]
+    assert summary["tokens_per_second"] <= 1.1 * steady
+    on_disk = json.load(open(tmp_path / "run" / "summary.json"))
+    assert on_disk["tokens_per_second"] == summary["tokens_per_second"]
