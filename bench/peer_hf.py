@@ -47,6 +47,7 @@ def build_parser():
 
 
 def _run(args) -> None:
+    peak_flops = report.matmul_peak_flops(args.dtype)  # before the model exists: see report.py
     ours = json.loads(args.model)
     config = BertConfig(
         vocab_size=ours["vocab_size"],
@@ -131,6 +132,7 @@ def _run(args) -> None:
             dtype=args.dtype,
             compile_seconds=compile_seconds,
             seconds_per_step=seconds,
+            peak_flops=peak_flops,
             predictions=args.predictions,
         )
     )

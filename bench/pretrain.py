@@ -116,6 +116,7 @@ def _run(args) -> None:
     from pretrain import trainer  # noqa: F401  (registers what model and recipe files bind)
     from pretrain.objectives import make_objective
 
+    peak_flops = report.matmul_peak_flops(args.dtype)  # before the model exists: see report.py
     batch_size, seq = args.batch, args.seq
     predictions = args.predictions or max(1, 20 * seq // 128)
     without = set(args.without)
@@ -189,6 +190,7 @@ def _run(args) -> None:
             dtype=args.dtype,
             compile_seconds=timings[0][0],
             seconds_per_step=timings[0][1],
+            peak_flops=peak_flops,
             predictions=predictions,
             without=sorted(without),
             fused_attention=args.fused_attention,

@@ -20,11 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def matmul_peak_flops(dtype: str, repeats: int = 5) -> float:
+def matmul_peak_flops(dtype: str, repeats: int = 10) -> float:
     """This device's dense matmul FLOP/s in `dtype` (bf16 inputs accumulate in f32).
 
     A square matmul of 2048 (CPU) or 8192 (accelerators), best of `repeats`: the
-    denominator of MFU, measured in the same process as the step it rates.
+    denominator of MFU. Benchmarks measure it first thing in their process, before the
+    model and its data exist: measured after them, the same CPU gave less than half the
+    bf16 peak (136 vs 327 GFLOP/s), which made MFU swing with whatever ran before.
     """
     n = 2048 if jax.default_backend() == "cpu" else 8192
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
@@ -127,10 +129,12 @@ def result_line(
     dtype: str,
     compile_seconds: float,
     seconds_per_step: float,
+    peak_flops: float,
     **extra,
 ) -> str:
-    """The benchmark's last output line: one JSON object with the fields make bench compares."""
-    peak = matmul_peak_flops(dtype)
+    """The benchmark's last output line: one JSON object with the fields make bench compares.
+    peak_flops: `matmul_peak_flops(dtype)` as the process measured it before building anything."""
+    peak = peak_flops
     model_flops = flops_per_row * batch / seconds_per_step
     return json.dumps(
         {
