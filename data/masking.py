@@ -100,13 +100,10 @@ def mask_tokens(
     """
     input_ids = row["input_ids"]
     length = input_ids.shape[0]
-    real = tf.cast(row["input_mask"], tf.bool)
-    candidate = real
-    for token in never_mask_ids:
-        candidate = tf.logical_and(candidate, tf.not_equal(input_ids, token))
+    candidate = _candidates(row, never_mask_ids)
 
     # float64 and round-half-to-even, exactly Python's round() in the original.
-    num_real = tf.reduce_sum(tf.cast(real, tf.float64))
+    num_real = tf.reduce_sum(tf.cast(row["input_mask"], tf.float64))
     num_to_predict = tf.minimum(
         max_predictions_per_seq, tf.maximum(1, tf.cast(tf.round(num_real * masked_lm_prob), tf.int32))
     )
@@ -135,8 +132,7 @@ def mask_tokens(
             max_ngram=MAX_NGRAM if masking_unit == "ngram" else 1,
         )
         # covered holds at most num_to_predict <= k tokens; the first k sorted keys have them all.
-        key = tf.sort(tf.where(covered, tf.range(length), length + tf.range(length)))[:k]
-        is_prediction = key < length
+        key, is_prediction = _first_positions(covered, k)
     else:
         raise ValueError(f"masking_unit must be one of {MASKING_UNITS}, got {masking_unit!r}")
     positions = tf.sort(key)
@@ -171,6 +167,41 @@ def _random_ids(seed: tf.Tensor, k: int, vocab_size: int, exclude: Sequence[int]
     return ids
 
 
+def _candidates(row: Mapping[str, tf.Tensor], never_mask_ids: Sequence[int]) -> tf.Tensor:
+    """[L] bool: the real tokens other than `never_mask_ids` (what masking may choose)."""
+    candidate = tf.cast(row["input_mask"], tf.bool)
+    for token in never_mask_ids:
+        candidate = tf.logical_and(candidate, tf.not_equal(row["input_ids"], token))
+    return candidate
+
+
+def _words(input_ids: tf.Tensor, candidate: tf.Tensor, word_starts: tf.Tensor):
+    """The candidates' words: (word_of [L] int32, the word index of each candidate token;
+    num_words [] int32; segment [L] int32, word_of with non-candidates in a spare segment
+    num_words). A word begins at a word-start id or at a candidate after a non-candidate."""
+    prev_candidate = tf.concat([[False], candidate[:-1]], axis=0)
+    starts = candidate & (tf.gather(tf.cast(word_starts, tf.bool), input_ids) | ~prev_candidate)
+    word_of = tf.cumsum(tf.cast(starts, tf.int32)) - 1
+    num_words = tf.reduce_sum(tf.cast(starts, tf.int32))
+    return word_of, num_words, tf.where(candidate, word_of, num_words)
+
+
+def _run_segments(mask: tf.Tensor) -> tf.Tensor:
+    """[L] int32: the index of each True position's maximal run of consecutive Trues, and L
+    (a spare segment) elsewhere, for the unsorted_segment_* ops."""
+    previous = tf.concat([[False], mask[:-1]], axis=0)
+    run_of = tf.cumsum(tf.cast(mask & ~previous, tf.int32)) - 1
+    return tf.where(mask, run_of, mask.shape[0])
+
+
+def _first_positions(covered: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """The positions of `covered` [L] bool in ascending order, as k slots: (key [k] int32,
+    a position in used slots and >= L in unused ones; is_prediction [k] bool)."""
+    length = covered.shape[0]
+    key = tf.sort(tf.where(covered, tf.range(length), length + tf.range(length)))[:k]
+    return key, key < length
+
+
 def _choose_words(
     input_ids: tf.Tensor,
     candidate: tf.Tensor,
@@ -186,11 +217,7 @@ def _choose_words(
     how many tokens are already covered (as in the originals); it stops once the count
     is reached, so it runs about as many iterations as words get masked.
     """
-    prev_candidate = tf.concat([[False], candidate[:-1]], axis=0)
-    starts = candidate & (tf.gather(tf.cast(word_starts, tf.bool), input_ids) | ~prev_candidate)
-    word_of = tf.cumsum(tf.cast(starts, tf.int32)) - 1  # word index of each candidate token
-    num_words = tf.reduce_sum(tf.cast(starts, tf.int32))
-    segment = tf.where(candidate, word_of, num_words)  # non-candidates into a spare segment
+    word_of, num_words, segment = _words(input_ids, candidate, word_starts)
     word_len = tf.math.unsorted_segment_sum(tf.cast(candidate, tf.int32), segment, num_words + 1)[:num_words]
     seeds = tf.random.experimental.stateless_split(seed, num=2)
     order = tf.argsort(tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[0]))
@@ -236,11 +263,7 @@ def mark_maskable(
     google-research/electra pretrain_helpers.py `_get_candidates_mask` excludes [CLS],
     [SEP] and [MASK] and padding) and mask_id [] int32.
     """
-    ids = row["input_ids"]
-    excluded = tf.reduce_any(
-        ids[:, None] == tf.constant([*never_mask_ids, mask_id], ids.dtype)[None, :], axis=1
-    )
-    maskable = tf.logical_and(tf.cast(row["input_mask"], tf.bool), tf.logical_not(excluded))
+    maskable = _candidates(row, (*never_mask_ids, mask_id))
     return dict(row, maskable=tf.cast(maskable, tf.int32), mask_id=tf.constant(mask_id, tf.int32))
 
 
@@ -312,10 +335,7 @@ def mask_spans(
     input_ids = row["input_ids"]
     length = input_ids.shape[0]
     k = min(max_predictions_per_seq, length)
-    real = tf.cast(row["input_mask"], tf.bool)
-    candidate = real
-    for token in never_mask_ids:
-        candidate = tf.logical_and(candidate, tf.not_equal(input_ids, token))
+    candidate = _candidates(row, never_mask_ids)
     num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32))
     # math.ceil(sent_length * mask_ratio) in float64: 100 x 0.15 = 15.000000000000002 -> 16, as there.
     budget = tf.cast(tf.math.ceil(tf.cast(num_candidates, tf.float64) * masked_lm_prob), tf.int32)
@@ -333,9 +353,7 @@ def mask_spans(
 
     # Merged spans = maximal runs of masked tokens.
     position = tf.range(length)
-    prev_covered = tf.concat([[False], covered[:-1]], 0)
-    run_of = tf.cumsum(tf.cast(covered & ~prev_covered, tf.int32)) - 1  # run index (masked tokens)
-    run_segment = tf.where(covered, run_of, length)  # others into a spare segment
+    run_segment = _run_segments(covered)
     run_first = tf.math.unsorted_segment_min(position, run_segment, length + 1)
     run_last = tf.math.unsorted_segment_max(position, run_segment, length + 1)
     first = tf.gather(run_first, run_segment)
@@ -354,9 +372,7 @@ def mask_spans(
     offset = position - first
     is_target = covered & has_pair & (offset < max_pair_targets)
 
-    # The masked positions in ascending order; unused slots sort to the end.
-    key = tf.sort(tf.where(covered, position, length + position))[:k]
-    is_prediction = key < length
+    key, is_prediction = _first_positions(covered, k)  # unused slots sort to the end
     positions = tf.where(is_prediction, key, 0)
     pad = max_predictions_per_seq - k
 
@@ -401,19 +417,13 @@ def _choose_spans(
     """
     length = input_ids.shape[0]
     position = tf.range(length)
-    prev_candidate = tf.concat([[False], candidate[:-1]], axis=0)
-    starts = candidate & (tf.gather(tf.cast(word_starts, tf.bool), input_ids) | ~prev_candidate)
-    run_starts = candidate & ~prev_candidate  # a run: consecutive candidates (one segment)
-    word_of = tf.cumsum(tf.cast(starts, tf.int32)) - 1
-    run_of = tf.cumsum(tf.cast(run_starts, tf.int32)) - 1
-    num_words = tf.reduce_sum(tf.cast(starts, tf.int32))
-    segment = tf.where(candidate, word_of, num_words)
+    word_of, num_words, segment = _words(input_ids, candidate, word_starts)
+    run_segment = _run_segments(candidate)  # runs of consecutive candidates: one segment each
     word_first = tf.math.unsorted_segment_min(position, segment, num_words + 1)[:num_words]
     word_end = tf.math.unsorted_segment_max(position, segment, num_words + 1)[:num_words] + 1
     # The last word of each word's run: spans stop there.
-    run_segment = tf.where(candidate, run_of, length)
     run_last_word = tf.math.unsorted_segment_max(word_of, run_segment, length + 1)
-    last_word_of_run = tf.gather(run_last_word, tf.gather(run_of, word_first))
+    last_word_of_run = tf.gather(run_last_word, tf.gather(run_segment, word_first))
     candidate_positions = tf.boolean_mask(position, candidate)
     num_candidates = tf.shape(candidate_positions)[0]
     cdf = tf.constant(np.cumsum(span_length_probabilities(geometric_p, max_span_words))[:-1], tf.float64)

@@ -45,6 +45,7 @@ from typing import Iterator, Sequence
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
+import numpy as np
 import tensorflow as tf
 
 from core import cli
@@ -243,10 +244,12 @@ def preprocess(
     first_single = None
     dropped_sentences = 0
     dropped_documents = 0
+    unigrams = np.zeros(tokenizer.vocab_size, np.int64)  # train tokens per id, for span masking
     num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
 
     def write(results, heldout, sources, keys):
-        nonlocal first_single, dropped_sentences, dropped_documents
+        nonlocal first_single, dropped_sentences, dropped_documents, unigrams
+        train_ids = []
         for (doc_id, sentences, dropped), is_eval, source, (shard_key, order) in zip(
             results, heldout, sources, keys
         ):
@@ -266,6 +269,10 @@ def preprocess(
             shard = shard_key % counts[split]
             per_shard[split][shard] += 1
             writers[split][shard].write(prefix + shards.encode_document(doc_id, sentences))
+            if split == "train":
+                train_ids.extend(t for sentence in sentences for t in sentence)
+        # One bincount per batch of documents: a [vocab] array per document would cost more.
+        unigrams += np.bincount(np.asarray(train_ids, np.int64), minlength=tokenizer.vocab_size)
 
     def close_writers():
         for split_writers in writers.values():
@@ -341,7 +348,7 @@ def preprocess(
         },
         "dropped_empty_sentences": dropped_sentences,
         "dropped_empty_documents": dropped_documents,
-        shards.UNIGRAM_COUNTS: shards.count_unigrams(paths["train"], tokenizer.vocab_size),
+        shards.UNIGRAM_COUNTS: unigrams.tolist(),
         "seconds": round(time.time() - start, 1),
     }
     shards.write_manifest(output, manifest)

@@ -158,7 +158,8 @@ def load_manifest(directory: str) -> Manifest:
 
 
 def count_unigrams(files: Sequence[str], vocab_size: int) -> list[int]:
-    """[vocab_size] counts of the token ids in these shard files (one read of them)."""
+    """[vocab_size] counts of the token ids in these shard files (one read of them): for
+    shards written before `data.preprocess` counted them as it wrote."""
 
     def counts(record):
         ids = tf.io.parse_single_example(record, {"token_ids": tf.io.VarLenFeature(tf.int64)})["token_ids"]

@@ -21,6 +21,7 @@ from pretrain import step
 from pretrain.objectives import ElectraRTD
 from pretrain.objectives.electra import mask_counts, mask_rows, max_predictions
 from tests import objective_runs, test_sharding
+from tests.test_train import data_dir  # noqa: F401  (test_train's synthetic shards)
 
 # 8 heads and widths divisible by 8 (tensor:8 meshes); no dropout, so that every layout and
 # microbatching computes the same function.
@@ -268,16 +269,7 @@ def test_microbatched_and_sharded_steps_equal_the_single_device_step(embedding_s
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), other, params)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return synthetic.write_shards(
-        str(tmp_path_factory.mktemp("shards")),
-        synthetic.make_documents(100, seed=1, max_len=8),
-        synthetic.make_documents(12, seed=2, max_len=8, first_id=150),
-    )
-
-
-def test_pipeline_rows_for_in_step_masking(data_dir):
+def test_pipeline_rows_for_in_step_masking(data_dir):  # noqa: F811
     ds = pipeline.make_dataset(data_dir, "train", DATA, 32)
     batch = {k: v.numpy() for k, v in next(iter(ds)).items()}
     assert set(batch) == {"input_ids", "input_mask", "segment_ids", "positions", "maskable", "mask_id"}
@@ -287,7 +279,7 @@ def test_pipeline_rows_for_in_step_masking(data_dir):
     assert batch["maskable"].sum() > 0.5 * batch["input_mask"].sum()
 
 
-def _run(workdir, data_dir, steps):
+def _run(workdir, data_dir, steps):  # noqa: F811  (the argument, not the fixture)
     config = dataclasses.replace(
         DISC, vocab_size=synthetic.VOCAB_SIZE, dropout_rate=0.1, attention_dropout_rate=0.1, num_heads=4
     )
@@ -303,7 +295,7 @@ def _run(workdir, data_dir, steps):
 
 
 @pytest.mark.slow(75)
-def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):
+def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):  # noqa: F811
     full = _run(tmp_path / "full", data_dir, steps=10)
     assert full["objective"] == "ElectraRTD" and full["headline_metric"] == "disc_accuracy"
     for name in ("mlm_accuracy", "disc_accuracy", "disc_precision", "disc_recall", "replaced_rate"):

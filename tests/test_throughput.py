@@ -10,25 +10,12 @@ import jax
 import pytest
 
 from core import metrics_log, optim
-from data import pipeline, synthetic
-from models.encoder import EncoderConfig
 from pretrain import trainer
 from pretrain.objectives import MaskedLM
+from tests.test_train import DATA, TINY, data_dir  # noqa: F401  (data_dir: test_train's shards)
 
 SLEEP = 0.2  # seconds per train step, spent on the "device"
 STEPS, LOG_EVERY = 40, 10
-
-TINY = EncoderConfig(
-    vocab_size=synthetic.VOCAB_SIZE,
-    hidden_size=32,
-    num_layers=1,
-    num_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
-DATA = pipeline.PipelineConfig(
-    max_seq_length=32, max_predictions_per_seq=5, document_shuffle_buffer=20, instance_shuffle_buffer=50
-)
 
 
 class SlowMaskedLM(MaskedLM):
@@ -41,12 +28,7 @@ class SlowMaskedLM(MaskedLM):
 
 
 @pytest.mark.slow(30)
-def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatch):
-    data_dir = synthetic.write_shards(
-        str(tmp_path / "shards"),
-        synthetic.make_documents(60, seed=1, max_len=8),
-        synthetic.make_documents(8, seed=2, max_len=8, first_id=150),
-    )
+def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatch, data_dir):  # noqa: F811
     logged = []  # (wall clock, step, values) of every train log line, when it is written
     write = metrics_log.MetricsWriter.write
 

@@ -69,7 +69,11 @@ class MaskedLM(Objective):
         self.sentence_objective = pipeline_config.sentence_objective
         self.sentence_head = self.sentence_objective != "none"
         self.packed = pipeline_config.packed
-        self._module = BertPretrainingModel(model_config, sentence_head=self.sentence_head)
+        self._module = self.make_module()
+
+    def make_module(self) -> BertPretrainingModel:
+        """The module trained (built once, by __init__): where a subclass adds heads."""
+        return BertPretrainingModel(self.model_config, sentence_head=self.sentence_head)
 
     @property
     def module(self) -> BertPretrainingModel:

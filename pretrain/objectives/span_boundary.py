@@ -49,10 +49,13 @@ class SpanBoundary(MaskedLM):
                 "the span boundary objective needs span masking: set PipelineConfig.masking_unit = 'span' "
                 f"(got {pipeline_config.masking_unit!r})"
             )
-        super().__init__(model_config, pipeline_config)
         self.sbo_weight = sbo_weight
-        self._module = BertPretrainingModel(
-            model_config, sentence_head=self.sentence_head, sbo_max_targets=pipeline_config.sbo_max_targets
+        self.sbo_max_targets = pipeline_config.sbo_max_targets
+        super().__init__(model_config, pipeline_config)
+
+    def make_module(self) -> BertPretrainingModel:
+        return BertPretrainingModel(
+            self.model_config, sentence_head=self.sentence_head, sbo_max_targets=self.sbo_max_targets
         )
 
     def batch_spec(
