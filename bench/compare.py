@@ -131,17 +131,32 @@ def _optimisations(ours_command: list[str], rows: list) -> list[dict]:
     (bench/pretrain.py --paired), in the first dtype; prints and returns the ratios."""
     dtype = rows[0][0]
     variants = [(name, [f"--without={name}"]) for name in OPTIMISATIONS]
-    variants.append(("fused attention (no attention dropout)", ["--fused_attention"]))
+    # These add a change to the default step instead of removing one.
+    added = {
+        "fused attention (no attention dropout)": ["--fused_attention"],
+        "dropout masks from rbg instead of threefry": ["--dropout_prng=rbg"],
+        "layers as one lax.scan (`scan_layers`)": ["--scan_layers"],
+    }
+    variants.extend(added.items())
     measured = []
     for name, flags_ in variants:
         result = _last_json([*ours_command, f"--dtype={dtype}", *flags_, "--paired", "--rounds=2"])
         ratio = result["variant_over_default"]
-        if name.startswith("fused"):  # this variant adds the change instead of removing one
-            ratio, without, with_ = 1 / ratio, result["default_seconds_per_step"], result["seconds_per_step"]
+        variant = (result["seconds_per_step"], result["compile_seconds"])
+        default = (result["default_seconds_per_step"], result["default_compile_seconds"])
+        if name in added:
+            ratio, without, with_ = 1 / ratio, default, variant
         else:
-            without, with_ = result["seconds_per_step"], result["default_seconds_per_step"]
+            without, with_ = variant, default
         measured.append(
-            {"optimisation": name, "seconds_without": without, "seconds_with": with_, "ratio": ratio}
+            {
+                "optimisation": name,
+                "seconds_without": without[0],
+                "seconds_with": with_[0],
+                "ratio": ratio,
+                "compile_seconds_without": without[1],
+                "compile_seconds_with": with_[1],
+            }
         )
     by_dtype = {d: o for d, o, _ in rows}
     if "float32" in by_dtype and "bfloat16" in by_dtype:  # separate processes, from the table above
@@ -152,14 +167,17 @@ def _optimisations(ours_command: list[str], rows: list) -> list[dict]:
                 "seconds_without": f32,
                 "seconds_with": bf16,
                 "ratio": f32 / bf16,
+                "compile_seconds_without": by_dtype["float32"]["compile_seconds"],
+                "compile_seconds_with": by_dtype["bfloat16"]["compile_seconds"],
             }
         )
     print(f"\nEach optimisation on its own ({dtype} unless named), with and without it in one process\n")
-    print("| optimisation | s/step without | s/step with | speed-up |")
-    print("|---|---|---|---|")
+    print("| optimisation | s/step without | s/step with | speed-up | compile s without | compile s with |")
+    print("|---|---|---|---|---|---|")
     for m in measured:
-        seconds = f"{m['seconds_without']:.3f} | {m['seconds_with']:.3f}"
-        print(f"| {m['optimisation']} | {seconds} | {m['ratio']:.2f}x |")
+        seconds = f"{m['seconds_without']:.3f} | {m['seconds_with']:.3f} | {m['ratio']:.2f}x"
+        compile_ = f"{m['compile_seconds_without']:.1f} | {m['compile_seconds_with']:.1f}"
+        print(f"| {m['optimisation']} | {seconds} | {compile_} |")
     return measured
 
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from core import axes
 from core.errors import ConfigError
+from models import matmul
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # HF configs' "gelu" is the exact erf form. google-research/bert's modeling.py used erf
@@ -65,6 +66,7 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 _DTYPES = ("float32", "bfloat16", "float16")
 CLASSIFIER_HEADS = ("pooler", "roberta", "electra")
 _ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
+_MATMUL_ACCUMULATIONS = ("float32", "compute")
 # Cross-layer parameter sharing (ALBERT, arXiv 1909.11942 Table 4): which sub-blocks
 # all layers share. See the module docstring for the parameter trees.
 SHARING_MODES = ("none", "all", "attention", "ffn")
@@ -98,9 +100,17 @@ class EncoderConfig:
       attention_implementation: `implementation` of jax.nn.dot_product_attention
         (None = let JAX choose, "xla", "cudnn"); unused while attention dropout is
         active in training (see `explicit_attention`).
+      matmul_accumulation: "float32" (default): every matmul takes its operands in the
+        compute dtype and accumulates in float32, forward and backward (models/matmul.py);
+        "compute": the product in the compute dtype (flax's nn.Dense in bf16), kept to
+        measure what float32 accumulation buys (`bench.pretrain --without`). The same
+        thing in float32 compute.
       remat_policy: rematerialisation of each layer in the backward pass: "none",
         "full" or "dots_saveable" (memory at length 512 / large models vs ~30% compute).
         With sharing "attention" or "ffn" each sub-block is rematerialised separately.
+      scan_layers: run the layers as one `lax.scan` (MaxText's scan_layers): XLA compiles
+        one layer instead of num_layers (compile time of 24-layer models); the parameter
+        tree is unchanged (Encoder._scanned_layers). Sharing "none" or "all" only.
       embedding_size: E, the width of the embedding tables (ALBERT: 128). None or
         hidden_size = no factorization. Otherwise the embeddings (after their LayerNorm
         and dropout) are projected E -> H, and the MLM head's transform outputs E so that
@@ -141,7 +151,9 @@ class EncoderConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention_implementation: str | None = None
+    matmul_accumulation: str = "float32"
     remat_policy: str = "none"
+    scan_layers: bool = False
     embedding_size: int | None = None
     sharing: str = "none"
     position_offset: int = 0
@@ -177,12 +189,19 @@ class EncoderConfig:
                 fail(name, f"one of {_DTYPES}")
         if self.attention_implementation not in _ATTENTION_IMPLEMENTATIONS:
             fail("attention_implementation", f"one of {_ATTENTION_IMPLEMENTATIONS}")
+        if self.matmul_accumulation not in _MATMUL_ACCUMULATIONS:
+            fail("matmul_accumulation", f"one of {_MATMUL_ACCUMULATIONS}")
         if self.remat_policy not in _REMAT_POLICIES:
             fail("remat_policy", f"one of {sorted(_REMAT_POLICIES)}")
         if self.embedding_size is not None and self.embedding_size < 1:
             fail("embedding_size", ">= 1 (or None for embedding_size = hidden_size)")
         if self.sharing not in SHARING_MODES:
             fail("sharing", f"one of {SHARING_MODES}")
+        if self.scan_layers and self.sharing not in ("none", "all"):
+            raise ConfigError(
+                f"EncoderConfig.scan_layers is not implemented for sharing={self.sharing!r}: "
+                "use sharing 'none' or 'all', or scan_layers=False"
+            )
         if not 0 <= self.position_offset < self.max_position_embeddings:
             fail("position_offset", f"in [0, max_position_embeddings={self.max_position_embeddings})")
         if self.classifier_head not in CLASSIFIER_HEADS:
@@ -238,6 +257,10 @@ class EncoderConfig:
     def storage_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.param_dtype)
 
+    @property
+    def accumulate_f32(self) -> bool:
+        return self.matmul_accumulation == "float32"
+
     def activation(self, x: jax.Array) -> jax.Array:
         return _ACTIVATIONS[self.hidden_act](x)
 
@@ -272,11 +295,13 @@ def _real_rows_only(config: EncoderConfig) -> nn.initializers.Initializer:
 
 def dense(
     config: EncoderConfig, features: int, names: tuple[str | None, str | None], *, name: str | None = None
-) -> nn.Dense:
-    """Dense layer [..., in] -> [..., features] in compute dtype; kernel axes `names`."""
-    return nn.Dense(
+) -> matmul.Dense:
+    """Dense layer [..., in] -> [..., features] in compute dtype (float32 accumulation:
+    models/matmul.py); kernel axes `names`."""
+    return matmul.Dense(
         features,
         dtype=config.compute_dtype,
+        accumulate_f32=config.accumulate_f32,
         param_dtype=config.storage_dtype,
         kernel_init=kernel_init(config, names),
         bias_init=bias_init(names[1:]),
@@ -340,6 +365,7 @@ def explicit_attention(
     *,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    accumulate_f32: bool = True,
 ) -> jax.Array:
     """Softmax attention written out step by step, with dropout on the probabilities.
 
@@ -353,16 +379,18 @@ def explicit_attention(
       mask: bool, broadcastable to [B, N, L, L]; True = may attend.
       dropout_rate: probability of dropping an attention probability.
       dropout_rng: PRNG key for the dropout; None = no dropout.
+      accumulate_f32: `EncoderConfig.matmul_accumulation == "float32"` (models/matmul.py).
     Returns:
       [B, L, N, D] in value's dtype.
     """
     scale = jnp.float32(1.0 / np.sqrt(query.shape[-1]))
-    logits = jnp.einsum("btnd,bsnd->bnts", query, key, preferred_element_type=jnp.float32) * scale
+    dot = functools.partial(matmul.einsum, dtype=value.dtype, accumulate_f32=accumulate_f32)
+    logits = dot("btnd,bsnd->bnts", query, key).astype(jnp.float32) * scale
     probs = jax.nn.softmax(jnp.where(mask, logits, _MASKED_LOGIT), axis=-1)
     if dropout_rng is not None and dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-    return jnp.einsum("bnts,bsnd->btnd", probs.astype(value.dtype), value)
+    return dot("bnts,bsnd->btnd", probs, value).astype(value.dtype)
 
 
 class SelfAttention(nn.Module):
@@ -380,10 +408,11 @@ class SelfAttention(nn.Module):
         # kernel and reshapes it, which applies our 3-D logical axes to a 2-D array
         # and fails under a mesh.
         def project(name: str) -> jax.Array:
-            y = nn.Einsum(
+            y = matmul.Einsum(
                 (cfg.hidden_size, cfg.num_heads, cfg.head_dim),
                 "blh,hnd->blnd",
                 dtype=cfg.compute_dtype,
+                accumulate_f32=cfg.accumulate_f32,
                 param_dtype=cfg.storage_dtype,
                 kernel_init=kernel_init(cfg, (axes.EMBED, axes.HEADS, axes.KV)),
                 bias_init=bias_init((axes.HEADS, axes.KV)),
@@ -408,12 +437,14 @@ class SelfAttention(nn.Module):
                 mask,
                 dropout_rate=cfg.attention_dropout_rate,
                 dropout_rng=self.make_rng("dropout"),
+                accumulate_f32=cfg.accumulate_f32,
             )
         context = nn.with_logical_constraint(context, heads_axes)
-        return nn.Einsum(
+        return matmul.Einsum(
             (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
             "blnd,ndh->blh",
             dtype=cfg.compute_dtype,
+            accumulate_f32=cfg.accumulate_f32,
             param_dtype=cfg.storage_dtype,
             kernel_init=kernel_init(cfg, (axes.HEADS, axes.KV, axes.EMBED)),
             bias_init=bias_init((axes.EMBED,)),
@@ -613,7 +644,9 @@ class Encoder(nn.Module):
             ffn_block = nn.remat(_ffn_block, policy=policy, static_argnums=(2,))
 
         # Flax shares the parameters of a module called more than once.
-        if cfg.sharing == "all":
+        if cfg.scan_layers and not self.is_initializing():
+            x = self._scanned_layers(x, mask, deterministic)
+        elif cfg.sharing == "all":
             shared = TransformerLayer(cfg, name="shared_layer")
             for _ in range(cfg.num_layers):
                 x = whole_layer(shared, x, mask, deterministic)
@@ -631,3 +664,36 @@ class Encoder(nn.Module):
         if cfg.pooler:
             pooled = jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(x[:, 0]))
         return EncoderOutput(sequence_output=x, pooled_output=pooled, word_embeddings=word_embeddings)
+
+    def _scanned_layers(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+        """The layers as one `lax.scan` over their stacked parameters (`scan_layers`): XLA
+        compiles one layer body instead of num_layers copies.
+
+        The parameter tree stays `layer_{i}` (or `shared_layer`), which checkpoints and
+        conversions read; the layers' parameters are stacked inside the step, a copy of
+        the encoder's parameters per step (and its transpose in the backward pass). Layer
+        i's dropout key is fold_in(the encoder's dropout key, i), so the masks are not
+        those of the unrolled loop; without dropout both give the same numbers.
+        """
+        cfg = self.config
+        params = nn.meta.unbox(self.variables["params"])
+        indices = jnp.arange(cfg.num_layers)
+        if cfg.sharing == "all":  # one parameter set, closed over; only the index is scanned
+            xs = (None, indices)
+        else:
+            layers = [params[f"layer_{i}"] for i in range(cfg.num_layers)]
+            xs = (jax.tree.map(lambda *ps: jnp.stack(ps), *layers), indices)
+        key = None if deterministic else self.make_rng("dropout")
+        layer = TransformerLayer(cfg, parent=None)
+
+        def body(x, inputs):
+            layer_params, index = inputs
+            if layer_params is None:
+                layer_params = params["shared_layer"]
+            rngs = {} if key is None else {"dropout": jax.random.fold_in(key, index)}
+            return layer.apply({"params": layer_params}, x, mask, deterministic, rngs=rngs), None
+
+        if cfg.remat_policy != "none":
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat_policy])
+        x, _ = jax.lax.scan(body, x, xs)
+        return x

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from core import axes
+from models import matmul
 from models.encoder import EncoderConfig, bias_init, dense, kernel_init, layer_norm
 
 
@@ -67,9 +68,7 @@ def tied_logits(module: nn.Module, cfg: EncoderConfig, x: jax.Array, word_embedd
     x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, cfg.embedding_axis))
     # Inputs in compute dtype, accumulation and result in float32: the logits
     # feed a softmax over V entries.
-    logits = jnp.einsum(
-        "bpe,ve->bpv", x, word_embeddings.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
-    )
+    logits = matmul.einsum("bpe,ve->bpv", x, word_embeddings, cfg.compute_dtype)
     output_bias = module.param(
         "output_bias", bias_init((axes.VOCAB,)), (cfg.padded_vocab_size,), cfg.storage_dtype
     )

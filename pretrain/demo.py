@@ -100,10 +100,13 @@ def _fill_mask_examples(workdir: str) -> list[str]:
         rows.append([tokenizer.cls_id, *ids, tokenizer.sep_id])
         text = tokenizer.decode(ids).replace(tokenizer.id_to_token(tokenizer.mask_id), "[MASK]")
         shown.append((text, tokenizer.id_to_token(original)))
-    lines = []
+    lines, found = [], 0
     for (text, answer), (candidates,) in zip(shown, predict.fill_mask_ids(model, rows, top_k=5)):
-        guesses = ", ".join(token for token, _ in candidates)
+        # The answer, when among the model's five, is shown in brackets.
+        guesses = ", ".join(f"[{token}]" if token == answer else token for token, _ in candidates)
+        found += any(token == answer for token, _ in candidates)
         lines.append(f"  {text}\n    answer: {answer}   model: {guesses}")
+    lines.append(f"  the answer is among the model's top 5 in {found} of {len(shown)} sentences")
     return lines
 
 

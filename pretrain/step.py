@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from core import axes
+from core import axes, prng
 from core.sharding import Partitioner
 from core.state import StateFactory, TrainState
 from pretrain.objectives import Objective
@@ -72,6 +72,7 @@ def train_step(
     schedule: optax.Schedule,
     microbatches: int = 1,
     skip_nonfinite: bool = False,
+    dropout_prng: str = "threefry",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on the global batch, optionally accumulated over microbatches.
 
@@ -87,8 +88,11 @@ def train_step(
     they are not leaves parameters and optimizer moments unchanged (the step counters,
     ours and optax's, still advance, so data and schedule move on); the host counts the
     skips.
+
+    dropout_prng: the PRNG of the dropout masks (core/prng.py), seeded from the step's key.
     """
     keys = stream_keys(jax.random.fold_in(rng, state.step), objective.rng_streams)
+    keys["dropout"] = prng.dropout_key(keys["dropout"], dropout_prng)
     batch = with_row_index(batch, objective)
     normalizers = objective.normalizers(batch)
     if microbatches == 1:
@@ -169,6 +173,7 @@ def build(
     microbatches: int = 1,
     skip_nonfinite: bool = False,
     donate: bool = True,
+    dropout_prng: str = "threefry",
 ) -> Steps:
     """The state factory and the jitted steps of `objective` on `partitioner`'s mesh.
 
@@ -185,6 +190,7 @@ def build(
             schedule=schedule,
             microbatches=microbatches,
             skip_nonfinite=skip_nonfinite,
+            dropout_prng=dropout_prng,
         ),
         in_shardings=(states.shardings, data, None),
         out_shardings=(states.shardings, None),

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import tensorflow as tf
 
-from core import checkpointing, sharding
+from core import checkpointing, prng, sharding
 from core.checkpointing import Checkpointer
 from core.errors import ConfigError
 from core.metrics_log import MetricsWriter
@@ -62,6 +62,7 @@ class Settings:
     checkpoint_every: int
     max_checkpoints: int
     max_skipped_steps: int
+    dropout_prng: str
     reset_data_iterator: bool
     phase2_start: int | None
     phase2_pipeline_config: pipeline.PipelineConfig | None
@@ -75,6 +76,7 @@ class Settings:
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "max_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        prng.check_dropout_prng(self.dropout_prng)
 
 
 @gin.configurable(denylist=["workdir", "mesh_spec"])
@@ -96,6 +98,7 @@ def run(
     checkpoint_every: int = 1000,
     max_checkpoints: int = 3,
     max_skipped_steps: int = 0,
+    dropout_prng: str = "threefry",
     reset_data_iterator: bool = False,
     phase2_start: int | None = None,
     phase2_pipeline_config: pipeline.PipelineConfig | None = None,
@@ -122,6 +125,9 @@ def run(
       max_checkpoints: checkpoints kept (older ones are deleted).
       max_skipped_steps: 0 stops the run at the first step with a non-finite loss or
         gradient norm; k > 0 skips up to k such updates (each logged) before stopping.
+      dropout_prng: the PRNG of the dropout masks, one of core.prng.DROPOUT_PRNGS:
+        "threefry" (JAX's default; the fastest on CPUs) or "rbg" (t5x's and MaxText's
+        choice on TPUs). Changing it changes the masks, so not in the middle of a run.
       reset_data_iterator: when the latest checkpoint's data position was saved by another
         input pipeline (a changed PipelineConfig or pipeline code), restore the model and
         optimizer state and restart the data stream instead of stopping with an error.
@@ -193,6 +199,7 @@ class Trainer:
             partitioner=self.partitioner,
             microbatches=s.microbatches,
             skip_nonfinite=s.max_skipped_steps > 0,
+            dropout_prng=s.dropout_prng,
         )
         abstract = self.steps.states.abstract
         checkpointing.check_free_space(workdir, checkpointing.state_bytes(abstract), s.max_checkpoints)

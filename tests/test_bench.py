@@ -92,11 +92,16 @@ def test_pretrain_benchmark_turns_each_optimisation_off():
         "--batch=4",
         "--seq=32",
         "--steps=2",
-        "--without=masked_decoding,donation,vocab_padding",
+        "--without=masked_decoding,donation,vocab_padding,f32_accumulation",
         "--fused_attention",
+        "--dropout_prng=rbg",
+        "--scan_layers",
+        "--dtype=bfloat16",
         "--paired",
     )
-    assert result["without"] == ["donation", "masked_decoding", "vocab_padding"]
+    assert result["without"] == ["donation", "f32_accumulation", "masked_decoding", "vocab_padding"]
+    assert result["config"]["matmul_accumulation"] == "compute" and result["dropout_prng"] == "rbg"
+    assert result["config"]["scan_layers"] and result["default_compile_seconds"] > 0
     # --paired: the default step was timed too, alternating with the variant.
     assert result["default_seconds_per_step"] > 0
     assert (

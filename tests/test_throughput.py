@@ -70,3 +70,47 @@ def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatc
     assert summary["tokens_per_second"] <= 1.1 * steady
     on_disk = json.load(open(tmp_path / "run" / "summary.json"))
     assert on_disk["tokens_per_second"] == summary["tokens_per_second"]
+
+
+@pytest.mark.slow(20)
+def test_finetuning_rates_follow_the_wall_clock(monkeypatch):
+    from finetune import trainer as finetune_trainer
+    from finetune.tasks import TASKS
+    from tests.test_glue_finetune import _steps, pair_examples, tiny_model
+
+    done = []  # wall clock when each training step's sleep ends, on the "device"
+
+    def slow_step():
+        time.sleep(SLEEP)
+        done.append(time.perf_counter())
+
+    loss = finetune_trainer._loss
+
+    def slow_loss(logits, batch, regression):
+        jax.debug.callback(slow_step)
+        return loss(logits, batch, regression)
+
+    monkeypatch.setattr(finetune_trainer, "_loss", slow_loss)
+    tokenizer, config, params = tiny_model()
+    task = TASKS["rte"]
+    train = finetune_trainer.featurize(pair_examples(80, 0), task, tokenizer, 16)
+    dev = finetune_trainer.featurize(pair_examples(16, 1), task, tokenizer, 16)
+    result = finetune_trainer.finetune(
+        _steps(config, task),
+        params,
+        train,
+        {"dev": dev},
+        {},
+        finetune_trainer.RunConfig(learning_rate=1e-3, batch_size=8, num_epochs=2, seed=0),
+    )
+    assert len(done) == 20  # 10 steps per epoch
+    # The real rate of each epoch from its steps' completion times. Epoch 1's window opens
+    # when its first step (the compilation) has finished; both close when their last step
+    # has; the dev evaluation after epoch 1 (between steps 10 and 11) is left out.
+    real = [9 / (done[9] - done[0]), 9 / (done[19] - done[10])]
+    for epoch, measured in zip(result.epochs, real, strict=True):
+        assert epoch["steps_per_second"] == pytest.approx(measured, rel=0.1), (epoch, measured)
+        assert epoch["steps_per_second"] < 1 / SLEEP
+        assert epoch["tokens_per_second"] / epoch["steps_per_second"] == pytest.approx(
+            train.input_mask.sum() / 10, rel=0.3
+        )

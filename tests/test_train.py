@@ -84,13 +84,17 @@ def test_loss_falls_and_outputs_are_written(tmp_path, data_dir):
 
 
 @pytest.mark.slow(45)
-def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):
+@pytest.mark.parametrize("dropout_prng", ["threefry", "rbg"])
+def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir, dropout_prng):
     schedule_of_12 = lambda total_steps: optim.adamw(12, learning_rate=1e-3, warmup_steps=2)
-    full = _run(tmp_path / "full", data_dir, steps=12, optimizer_fn=schedule_of_12)
+    run = lambda name, steps: _run(  # noqa: E731
+        tmp_path / name, data_dir, steps=steps, optimizer_fn=schedule_of_12, dropout_prng=dropout_prng
+    )
+    full = run("full", 12)
     # The same 12-step run stopped after step 7, then started again with the same workdir.
-    first = _run(tmp_path / "split", data_dir, steps=7, optimizer_fn=schedule_of_12)
+    first = run("split", 7)
     assert first["params_sha256"] != full["params_sha256"]
-    resumed = _run(tmp_path / "split", data_dir, steps=12, optimizer_fn=schedule_of_12)
+    resumed = run("split", 12)
     assert resumed["resumed_from"] == 7
     assert resumed["params_sha256"] == full["params_sha256"]
 

@@ -1,0 +1,76 @@
+"""EncoderConfig.scan_layers: the layers as one lax.scan give the unrolled loop's numbers,
+on one device and on a mesh, with the same parameter tree."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from core.errors import ConfigError
+from models.encoder import EncoderConfig
+from models.pretraining import BertPretrainingModel
+from tests import jitted
+from tests.test_models import RNG, RULES, TINY, make_batch
+
+NO_DROPOUT = dataclasses.replace(TINY, num_layers=3, dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def _loss_and_grads(config, variables, batch, deterministic=False):
+    model = BertPretrainingModel(config)
+
+    def loss(params):
+        out = model.apply({"params": params}, batch, deterministic=deterministic, rngs={"dropout": RNG})
+        return out["mlm_logits"].mean() + out["sentence_logits"].mean()
+
+    return jax.jit(jax.value_and_grad(loss))(variables["params"])
+
+
+@pytest.mark.parametrize("sharing, remat", [("none", "none"), ("all", "none"), ("none", "dots_saveable")])
+def test_scan_equals_the_unrolled_layers(sharing, remat):
+    loop = dataclasses.replace(NO_DROPOUT, sharing=sharing, remat_policy=remat)
+    scan = dataclasses.replace(loop, scan_layers=True)
+    batch = make_batch(batch_size=4)
+    variables = jitted.init(BertPretrainingModel(loop), RNG, batch, deterministic=True)
+    # The same tree, initialised the same: checkpoints and conversions do not see the option.
+    scanned_variables = jitted.init(BertPretrainingModel(scan), RNG, batch, deterministic=True)
+    jax.tree.map(np.testing.assert_array_equal, scanned_variables, variables)
+    expected = _loss_and_grads(loop, variables, batch)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7),
+        _loss_and_grads(scan, variables, batch),
+        expected,
+    )
+
+
+def test_scan_with_dropout_draws_each_layer_its_own_masks():
+    config = dataclasses.replace(TINY, num_layers=3, scan_layers=True)
+    batch = make_batch(batch_size=4)
+    variables = jitted.init(BertPretrainingModel(config), RNG, batch, deterministic=True)
+    loss, grads = _loss_and_grads(config, variables, batch)
+    deterministic, _ = _loss_and_grads(config, variables, batch, deterministic=True)
+    assert np.isfinite(loss) and loss != deterministic
+    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def test_scan_on_a_mesh_equals_one_device():
+    config = dataclasses.replace(NO_DROPOUT, scan_layers=True)
+    model = BertPretrainingModel(config)
+    batch = make_batch(batch_size=8)
+    variables = jitted.init(model, RNG, batch, deterministic=True)
+    expected = _loss_and_grads(config, variables, batch)
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+    init = lambda rng: jitted.init(model, rng, batch, deterministic=True)  # noqa: E731
+    with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(jax.eval_shape(init, RNG)), mesh, RULES)
+        sharded = jax.jit(init, out_shardings=shardings)(RNG)
+        sharded_batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
+        actual = _loss_and_grads(config, sharded, sharded_batch)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), jax.device_get(actual), expected)
+
+
+def test_scan_with_partial_sharing_is_refused():
+    with pytest.raises(ConfigError, match="scan_layers is not implemented for sharing='attention'"):
+        EncoderConfig(sharing="attention", scan_layers=True)
