@@ -59,7 +59,7 @@ $(PEER_VENV)/.installed: requirements.txt
 bench-peer-venv: $(PEER_VENV)/.installed
 
 # Ours vs the peer, BERT-base, batch 32 x 128, float32 and bf16 compute, side by side
-# (about 16 minutes on 2 CPU cores).
+# (about 14 minutes on 2 CPU cores).
 BENCH_ARGS ?= --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 --steps=5
 bench: $(VENV)/.installed $(PEER_VENV)/.installed
 	$(PY) -m bench.compare $(BENCH_ARGS) --peer_python=$(PEER_VENV)/bin/python

@@ -7,9 +7,11 @@ instead (`jax.random.key(..., impl="rbg")`), which TPUs run in hardware.
 
 `dropout_key` turns the step's threefry dropout key into a key of the chosen
 implementation, seeded from it: the masks stay a function of (seed, step) only, so a
-resumed run draws what the uninterrupted run drew. "rbg" is also identical across
-shardings (JAX's PRNG documentation); "unsafe_rbg" is faster still on TPUs and is not
-(its `split` and `fold_in` are not threefry's either).
+resumed run draws what the uninterrupted run drew. Both are identical across shardings
+(JAX's PRNG documentation; tested for rbg) unless XLA's
+`--xla_tpu_spmd_rng_bit_generator_unsafe` flag is set, which makes them cheaper to shard
+and sharding-dependent; "unsafe_rbg" also derives keys (`split`, `fold_in`) more cheaply
+and less carefully than rbg.
 
 Measured on an AMD EPYC (2 vCPUs): an 8 x 12 x 128 x 128 Bernoulli mask took 6.8 ms
 with threefry and 15.9 ms with rbg or unsafe_rbg, so the default stays threefry; the
