@@ -139,8 +139,9 @@ def _run(args) -> None:
     )
     rng = jax.random.key(1)
 
-    def build(without: set[str], fused_attention: bool, dropout_prng: str, scan_layers: bool):
-        """(objective, rows, step, state, device batch) of one variant of our train step."""
+    def build(without=frozenset(), fused_attention=False, dropout_prng="threefry", scan_layers=False):
+        """(objective, rows, step, state, device batch) of one variant of our train step
+        (the default step without arguments)."""
         config = dataclasses.replace(
             EncoderConfig(),
             dtype=args.dtype,
@@ -176,7 +177,7 @@ def _run(args) -> None:
 
     variants = [build(without, args.fused_attention, args.dropout_prng, args.scan_layers)]
     if args.paired:
-        variants.append(build(set(), False, "threefry", False))
+        variants.append(build())
     with partitioner:
         timings = report.time_alternately([v[2:] for v in variants], args.steps, args.rounds)
         if args.profile_dir:

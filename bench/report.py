@@ -134,7 +134,6 @@ def result_line(
 ) -> str:
     """The benchmark's last output line: one JSON object with the fields make bench compares.
     peak_flops: `matmul_peak_flops(dtype)` as the process measured it before building anything."""
-    peak = peak_flops
     model_flops = flops_per_row * batch / seconds_per_step
     return json.dumps(
         {
@@ -149,8 +148,8 @@ def result_line(
             "steps_per_second": round(1 / seconds_per_step, 4),
             "tokens_per_second": round(real_tokens_per_row * batch / seconds_per_step, 1),
             "model_tflops_per_second": round(model_flops / 1e12, 4),
-            "peak_tflops_per_second": round(peak / 1e12, 4),
-            "mfu": round(model_flops / peak, 4),
+            "peak_tflops_per_second": round(peak_flops / 1e12, 4),
+            "mfu": round(model_flops / peak_flops, 4),
             "peak_memory_bytes": peak_memory_bytes(),
             **extra,
         }

@@ -23,6 +23,7 @@ shapes and initialisers, so checkpoints and conversions do not see the differenc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -112,50 +113,51 @@ def einsum(
     return _mixed_einsum(spec, a, b, jnp.dtype(dtype))
 
 
-class Dense(nn.Module):
-    """nn.Dense ([..., in] -> [..., features]) through `einsum`: parameters kernel [in,
-    features] and bias [features] in `param_dtype`, the output in `dtype`; the bias is
-    added in float32 before the cast."""
+class _BiasedMatmul(nn.Module):
+    """What Dense and Einsum share: a kernel and a bias in `param_dtype`, `einsum`, the
+    bias added in float32 before the cast to `dtype` (keyword-only fields, so that the
+    subclasses' own fields can come first)."""
+
+    dtype: jnp.dtype = dataclasses.field(default=jnp.float32, kw_only=True)
+    param_dtype: jnp.dtype = dataclasses.field(default=jnp.float32, kw_only=True)
+    kernel_init: Callable = dataclasses.field(default=nn.initializers.lecun_normal(), kw_only=True)
+    bias_init: Callable = dataclasses.field(default=nn.initializers.zeros_init(), kw_only=True)
+    accumulate_f32: bool = dataclasses.field(default=True, kw_only=True)
+
+    def _product(self, spec: str, inputs: jax.Array, kernel_shape: tuple[int, ...]) -> jax.Array:
+        """einsum(spec, inputs, kernel) + bias, in `dtype`. The bias covers the output
+        dimensions that come from the kernel, which must be the output's last ones (as
+        nn.Einsum's bias)."""
+        kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)
+        y = einsum(spec, inputs, kernel, self.dtype, accumulate_f32=self.accumulate_f32)
+        _, kernel_spec, out_spec = _check_spec(spec)
+        kernel_out = [index for index in out_spec if index in kernel_spec]
+        if out_spec[-len(kernel_out) :] != "".join(kernel_out):
+            raise ValueError(f"Einsum {spec!r}: the kernel's output indices must come last")
+        bias = self.param("bias", self.bias_init, y.shape[-len(kernel_out) :], self.param_dtype)
+        return (y + bias.astype(jnp.float32)).astype(self.dtype)
+
+
+class Dense(_BiasedMatmul):
+    """nn.Dense ([..., in] -> [..., features]) through `einsum`: kernel [in, features],
+    bias [features]."""
 
     features: int
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
-    kernel_init: Callable = nn.initializers.lecun_normal()
-    bias_init: Callable = nn.initializers.zeros_init()
-    accumulate_f32: bool = True
 
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features), self.param_dtype)
-        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
         flat = inputs.reshape(-1, inputs.shape[-1])
-        y = einsum("mi,io->mo", flat, kernel, self.dtype, accumulate_f32=self.accumulate_f32)
-        y = y + bias.astype(jnp.float32)
-        return y.reshape(*inputs.shape[:-1], self.features).astype(self.dtype)
+        y = self._product("mi,io->mo", flat, (inputs.shape[-1], self.features))
+        return y.reshape(*inputs.shape[:-1], self.features)
 
 
-class Einsum(nn.Module):
+class Einsum(_BiasedMatmul):
     """nn.Einsum (`spec` of the inputs and a kernel of `shape`, plus a bias over the
-    output's trailing dimensions) through `einsum`, the output in `dtype`."""
+    output's dimensions from the kernel) through `einsum`."""
 
     shape: tuple[int, ...]
     spec: str
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
-    kernel_init: Callable = nn.initializers.lecun_normal()
-    bias_init: Callable = nn.initializers.zeros_init()
-    accumulate_f32: bool = True
 
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        kernel = self.param("kernel", self.kernel_init, self.shape, self.param_dtype)
-        y = einsum(self.spec, inputs, kernel, self.dtype, accumulate_f32=self.accumulate_f32)
-        # The bias covers the output dimensions that come from the kernel, which are the
-        # output's trailing ones in every spec we use (as nn.Einsum's bias).
-        _, kernel_spec, out_spec = _check_spec(self.spec)
-        kernel_out = [index for index in out_spec if index in kernel_spec]
-        if out_spec[-len(kernel_out) :] != "".join(kernel_out):
-            raise ValueError(f"Einsum {self.spec!r}: the kernel's output indices must come last")
-        bias_shape = y.shape[-len(kernel_out) :]
-        bias = self.param("bias", self.bias_init, bias_shape, self.param_dtype)
-        return (y + bias.astype(jnp.float32)).astype(self.dtype)
+        return self._product(self.spec, inputs, self.shape)

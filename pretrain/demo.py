@@ -102,9 +102,10 @@ def _fill_mask_examples(workdir: str) -> list[str]:
         shown.append((text, tokenizer.id_to_token(original)))
     lines, found = [], 0
     for (text, answer), (candidates,) in zip(shown, predict.fill_mask_ids(model, rows, top_k=5)):
+        tokens = [token for token, _ in candidates]
+        found += answer in tokens
         # The answer, when among the model's five, is shown in brackets.
-        guesses = ", ".join(f"[{token}]" if token == answer else token for token, _ in candidates)
-        found += any(token == answer for token, _ in candidates)
+        guesses = ", ".join(f"[{token}]" if token == answer else token for token in tokens)
         lines.append(f"  {text}\n    answer: {answer}   model: {guesses}")
     lines.append(f"  the answer is among the model's top 5 in {found} of {len(shown)} sentences")
     return lines

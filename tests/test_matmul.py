@@ -10,7 +10,8 @@ import pytest
 
 from models import matmul
 from models.pretraining import BertPretrainingModel
-from tests.test_models import RNG, TINY, make_batch
+from tests import jitted
+from tests.test_models import RNG, TINY, _step, make_batch
 
 SPECS = {  # every contraction the encoder and its heads run, with small sizes
     "mi,io->mo": ((12, 16), (16, 24)),
@@ -88,15 +89,11 @@ def test_dense_and_einsum_are_flax_modules_parameter_for_parameter():
 
 
 def _model_loss_and_grads(config):
+    """(loss, gradients) of test_models' train-step work (dropout on) for `config`."""
     model = BertPretrainingModel(config)
     batch = make_batch(batch_size=4)
-    variables = jax.jit(lambda: model.init(RNG, batch, deterministic=True))()
-
-    def loss(params):
-        out = model.apply({"params": params}, batch, deterministic=False, rngs={"dropout": RNG})
-        return out["mlm_logits"].mean() + out["sentence_logits"].mean()
-
-    return jax.jit(jax.value_and_grad(loss))(variables["params"])
+    _, loss_and_grads = _step(model)(jitted.init(model, RNG, batch, deterministic=True), batch, RNG)
+    return loss_and_grads
 
 
 def test_model_loss_and_gradients_against_the_float32_step():

@@ -13,19 +13,14 @@ from core.errors import ConfigError
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
 from tests import jitted
-from tests.test_models import RNG, RULES, TINY, make_batch
+from tests.test_models import RNG, RULES, TINY, _step, make_batch
 
 NO_DROPOUT = dataclasses.replace(TINY, num_layers=3, dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
-def _loss_and_grads(config, variables, batch, deterministic=False):
-    model = BertPretrainingModel(config)
-
-    def loss(params):
-        out = model.apply({"params": params}, batch, deterministic=deterministic, rngs={"dropout": RNG})
-        return out["mlm_logits"].mean() + out["sentence_logits"].mean()
-
-    return jax.jit(jax.value_and_grad(loss))(variables["params"])
+def _loss_and_grads(config, variables, batch):
+    """(loss, gradients) of test_models' train-step work (dropout on) for `config`."""
+    return _step(BertPretrainingModel(config))(variables, batch, RNG)[1]
 
 
 @pytest.mark.parametrize("sharing, remat", [("none", "none"), ("all", "none"), ("none", "dots_saveable")])
@@ -49,8 +44,8 @@ def test_scan_with_dropout_draws_each_layer_its_own_masks():
     config = dataclasses.replace(TINY, num_layers=3, scan_layers=True)
     batch = make_batch(batch_size=4)
     variables = jitted.init(BertPretrainingModel(config), RNG, batch, deterministic=True)
-    loss, grads = _loss_and_grads(config, variables, batch)
-    deterministic, _ = _loss_and_grads(config, variables, batch, deterministic=True)
+    outputs, (loss, grads) = _step(BertPretrainingModel(config))(variables, batch, RNG)
+    deterministic = outputs["mlm_logits"].mean() + outputs["sentence_logits"].mean()
     assert np.isfinite(loss) and loss != deterministic
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 

@@ -9,10 +9,10 @@ import time
 import jax
 import pytest
 
-from core import metrics_log, optim
+from core import metrics_log
 from pretrain import trainer
 from pretrain.objectives import MaskedLM
-from tests.test_train import DATA, TINY, data_dir  # noqa: F401  (data_dir: test_train's shards)
+from tests.test_train import DATA, _run, data_dir  # noqa: F401  (data_dir: test_train's shards)
 
 SLEEP = 0.2  # seconds per train step, spent on the "device"
 STEPS, LOG_EVERY = 40, 10
@@ -40,16 +40,12 @@ def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatc
     monkeypatch.setattr(metrics_log.MetricsWriter, "write", timed_write)
     monkeypatch.setattr(trainer, "make_objective", lambda config, data: SlowMaskedLM(config, data))
     started = time.perf_counter()
-    summary = trainer.run(
-        str(tmp_path / "run"),
-        data_dir=data_dir,
-        model_config=TINY,
-        pipeline_config=DATA,
-        steps=STEPS,
+    summary = _run(
+        tmp_path / "run",
+        data_dir,
+        STEPS,
         batch_size=8,
-        optimizer_fn=lambda total_steps: optim.adamw(total_steps, learning_rate=1e-3, warmup_steps=2),
         log_every=LOG_EVERY,
-        eval_every=1000,
         eval_batches=1,
         checkpoint_every=1000,
     )
