@@ -14,7 +14,9 @@ from pretrain import trainer
 from pretrain.objectives import MaskedLM
 from tests.test_train import DATA, _run, data_dir  # noqa: F401  (data_dir: test_train's shards)
 
-SLEEP = 0.2  # seconds per train step, spent on the "device"
+# Seconds per train step, spent on the "device": long enough that the host's jitter on a
+# busy 2-core machine (the other test worker) stays well under 10% of a 10-step window.
+SLEEP = 0.3
 STEPS, LOG_EVERY = 40, 10
 
 
