@@ -117,6 +117,59 @@ def electra_pretraining(
     return generator + discriminator
 
 
+def relative_terms(*, layers: int, hidden: int, seq: int, span: int, terms: int) -> float:
+    """Forward FLOPs of DeBERTa's disentangled attention on top of BERT's, per row: each
+    relative term (c2p, p2c) is a [s, N, D] x [2S, N, D] product, 2 * s * 2S * h per layer.
+    Projecting the [2S, H] relative table happens once per batch, not per row: not counted."""
+    return float(layers * terms * 2 * seq * 2 * span * hidden)
+
+
+def enhanced_mask_decoder(
+    *, hidden: int, intermediate: int, seq: int, predictions: int, span: int, terms: int
+) -> float:
+    """Forward FLOPs of DeBERTa's enhanced mask decoder, per row: the last layer twice with
+    P query rows over s key rows. Per pass: keys and values 2 * (2 s h h); query and
+    output projections 2 * (2 P h h); FFN 2 * (2 P h f); scores and context 2 * (2 P s h);
+    c2p 2 P 2S h; p2c 2 s 2S h (the position-to-content product covers every key)."""
+    h, f, s, p, r = hidden, intermediate, seq, predictions, 2 * span
+    c2p = 2 * p * r * h if terms else 0
+    p2c = 2 * s * r * h if terms > 1 else 0
+    one_pass = 4 * s * h * h + 4 * p * h * h + 4 * p * h * f + 4 * p * s * h + c2p + p2c
+    return float(2 * one_pass)
+
+
+def deberta_pretraining(
+    *,
+    hidden: int,
+    layers: int,
+    intermediate: int,
+    vocab: int,
+    seq: int,
+    predictions: int,
+    span: int,
+    terms: int,
+    embedding: int | None = None,
+    emd: bool = True,
+) -> float:
+    """Training FLOPs per row of DeBERTa's MLM: BERT's count (`bert_pretraining`) plus the
+    relative terms of every layer and, with `emd`, the enhanced mask decoder's two passes
+    (its MLM head is BERT's, at the P positions)."""
+    extra = relative_terms(layers=layers, hidden=hidden, seq=seq, span=span, terms=terms)
+    if emd:
+        extra += enhanced_mask_decoder(
+            hidden=hidden, intermediate=intermediate, seq=seq, predictions=predictions, span=span, terms=terms
+        )
+    return training(extra) + bert_pretraining(
+        hidden=hidden,
+        layers=layers,
+        intermediate=intermediate,
+        vocab=vocab,
+        seq=seq,
+        predictions=predictions,
+        embedding=embedding,
+    )
+
+
 # --- the ELECTRA paper's count (google-research/electra flops_computation.py) ---------------
 # Reported beside ours when comparing with the paper's tables. It differs from ours on
 # purpose: training is 2x forward (not 3x), embedding lookups are dense one-hot matmuls,

@@ -1,9 +1,11 @@
-"""One `Tokenizer` protocol and three backends: BERT's WordPiece and RoBERTa's byte-level BPE
-(both on the `tokenizers` library), and ALBERT's SentencePiece unigram (`sentencepiece`).
+"""One `Tokenizer` protocol and five backends: BERT's WordPiece and RoBERTa's byte-level BPE
+(both on the `tokenizers` library), ALBERT's SentencePiece unigram (`sentencepiece`), and
+DeBERTa's two: v1's byte-level BPE with BERT-style special tokens, and v2/v3's SentencePiece.
 
 Every backend gives the protocol's special ids, a `pair_format` ("bert": `[CLS] A [SEP] B
 [SEP]`; "roberta": `<s> A </s></s> B </s>`) and `word_start_mask()` for whole-word and n-gram
-masking. `identity()["kind"]` is "wordpiece", "bpe" or "sentencepiece".
+masking. `identity()["kind"]` is "wordpiece", "bpe", "sentencepiece", "deberta_bpe" or
+"deberta_spm".
 
 WordPiece
 ---------
@@ -17,17 +19,22 @@ written in the text (e.g. "[MASK]") are *not* recognised, exactly as in the orig
 
 Byte-level BPE (`ByteLevelBPETokenizer`): GPT-2's byte-level BPE as RoBERTa uses it; see
 the class. SentencePiece (`SentencePieceTokenizer`): ALBERT's normalisation (`albert_preprocess`)
-and piece fix-ups over an spm model; see the class.
+and piece fix-ups over an spm model; see the class. DeBERTa (`DebertaBPETokenizer`,
+`DebertaSentencePieceTokenizer`): see the classes.
 
 A tokenizer lives in a directory (`save` / `load_tokenizer`, which detects the kind):
 
-    tokenizer_config.json  {"kind": "wordpiece" | "bpe" | "sentencepiece", ...}
+    tokenizer_config.json  {"kind": "wordpiece" | "bpe" | "sentencepiece" | ..., ...}
     vocab.txt              wordpiece: one token per line; line i (from 0) is id i
-    vocab.json merges.txt  bpe: token -> id, and the merges in rank order (GPT-2's format)
+    vocab.json merges.txt  bpe, deberta_bpe: token -> id, and the merges in rank order (GPT-2's
+                           format)
     spiece.model           sentencepiece: the serialized spm model
+    spm.model              deberta_spm: the serialized spm model (HF's DeBERTa-v2 file name)
 
 Published vocabs load directly: BERT's vocab.txt (casing inferred), RoBERTa's directory with
-vocab.json + merges.txt, ALBERT's spiece.model / 30k-clean.model. Train a new vocab with
+vocab.json + merges.txt, ALBERT's spiece.model / 30k-clean.model, DeBERTa's vocab.json +
+merges.txt (told from RoBERTa's by its [CLS] token) and DeBERTa-v2/v3's spm.model. Train a new
+vocab (WordPiece, BPE or ALBERT SentencePiece) with
 
     python -m data.tokenizers train --corpus=SPEC --output=DIR [--kind=wordpiece|bpe|sentencepiece]
         [--vocab_size=N (default 30522 / 50265 / 30000)] [--cased]
@@ -433,6 +440,12 @@ class ByteLevelBPETokenizer(_VocabTable):
 
     pair_format = "roberta"
     _SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
+    # What a subclass with other special tokens (DebertaBPETokenizer) changes: the tokens the
+    # vocab must hold (in the error message's order), whom they are named after, the kind.
+    _REQUIRED_TOKENS: tuple[str, ...] = BPE_SPECIAL_TOKENS
+    _FAMILY = "RoBERTa"
+    _MISSING_HINT = " (GPT-2's own vocab.json lacks them; use RoBERTa's)"
+    _KIND = "bpe"
 
     def __init__(
         self, vocab: dict[str, int], merges: Sequence[tuple[str, str]], *, source: str = "the vocab"
@@ -447,11 +460,11 @@ class ByteLevelBPETokenizer(_VocabTable):
         """
         if sorted(vocab.values()) != list(range(len(vocab))):
             raise TokenizerError(f"{source}: token ids must be exactly 0..{len(vocab) - 1}, each once")
-        for token in BPE_SPECIAL_TOKENS:
+        for token in self._REQUIRED_TOKENS:
             if token not in vocab:
                 raise TokenizerError(
-                    f"{source}: the vocab has no {token} token: RoBERTa needs "
-                    f"{', '.join(BPE_SPECIAL_TOKENS)} (GPT-2's own vocab.json lacks them; use RoBERTa's)"
+                    f"{source}: the vocab has no {token} token: {self._FAMILY} needs "
+                    f"{', '.join(self._REQUIRED_TOKENS)}{self._MISSING_HINT}"
                 )
         self._vocab = dict(vocab)
         self._tokens = tuple(sorted(vocab, key=vocab.__getitem__))
@@ -473,35 +486,7 @@ class ByteLevelBPETokenizer(_VocabTable):
         Raises:
           TokenizerError: a file missing, vocab.json not a JSON object of ints, a bad merges line.
         """
-        if not tf.io.gfile.exists(vocab_path):
-            raise TokenizerError(f"vocab file '{vocab_path}' not found: a BPE tokenizer needs vocab.json")
-        if not tf.io.gfile.exists(merges_path):
-            raise TokenizerError(
-                f"'{merges_path}' not found: a byte-level BPE vocab.json needs its merges.txt beside it"
-            )
-        with tf.io.gfile.GFile(vocab_path, "rb") as f:
-            try:
-                vocab = json.loads(f.read().decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise TokenizerError(
-                    f"{vocab_path}: not valid JSON ({e}): a BPE vocab.json maps each token to its id"
-                ) from None
-        if not isinstance(vocab, dict) or not all(type(i) is int for i in vocab.values()):
-            raise TokenizerError(f"{vocab_path}: not a JSON object of token -> integer id")
-        with tf.io.gfile.GFile(merges_path, "rb") as f:
-            try:
-                lines = f.read().decode("utf-8").split("\n")
-            except UnicodeDecodeError as e:
-                raise TokenizerError(f"{merges_path}: not valid UTF-8 (byte offset {e.start})") from None
-        merges = []
-        for number, line in enumerate(lines, 1):
-            if not line or (number == 1 and line.startswith("#version")):
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise TokenizerError(f"{merges_path}:{number}: expected two tokens 'A B', got {line!r}")
-            merges.append((parts[0], parts[1]))
-        return cls(vocab, merges, source=vocab_path)
+        return cls(*_read_bpe_files(vocab_path, merges_path), source=vocab_path)
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
@@ -528,7 +513,7 @@ class ByteLevelBPETokenizer(_VocabTable):
         So the first word of a document (or of a text given to `encode`), which has no leading
         space, continues the token before it (after <s>: a new word, data/masking.py)."""
         mask = np.array([t.startswith(_GPT2_WORD_START) for t in self._tokens], dtype=bool)
-        mask[[self._vocab[t] for t in BPE_SPECIAL_TOKENS]] = True
+        mask[[self._vocab[t] for t in self._REQUIRED_TOKENS]] = True
         return mask
 
     def _files_text(self) -> tuple[str, str]:
@@ -537,11 +522,11 @@ class ByteLevelBPETokenizer(_VocabTable):
         return vocab, merges
 
     def identity(self) -> dict:
-        """{"kind": "bpe", "vocab_size", "pair_format": "roberta", "vocab_sha256"}; the hash is
-        of vocab.json and merges.txt exactly as `save` writes them."""
+        """{"kind": "bpe" ("deberta_bpe"), "vocab_size", "pair_format": "roberta" ("bert"),
+        "vocab_sha256"}; the hash is of vocab.json and merges.txt exactly as `save` writes them."""
         vocab, merges = self._files_text()
         return {
-            "kind": "bpe",
+            "kind": self._KIND,
             "vocab_size": self.vocab_size,
             "pair_format": self.pair_format,
             "vocab_sha256": hashlib.sha256((vocab + "\0" + merges).encode("utf-8")).hexdigest(),
@@ -554,7 +539,41 @@ class ByteLevelBPETokenizer(_VocabTable):
             with tf.io.gfile.GFile(os.path.join(directory, name), "w") as f:
                 f.write(text)
         with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
-            f.write(json.dumps({"kind": "bpe"}, indent=2) + "\n")
+            f.write(json.dumps({"kind": self._KIND}, indent=2) + "\n")
+
+
+def _read_bpe_files(vocab_path: str, merges_path: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The token -> id map of a GPT-2-format vocab.json and the merges of its merges.txt
+    (`ByteLevelBPETokenizer.from_files`)."""
+    if not tf.io.gfile.exists(vocab_path):
+        raise TokenizerError(f"vocab file '{vocab_path}' not found: a BPE tokenizer needs vocab.json")
+    if not tf.io.gfile.exists(merges_path):
+        raise TokenizerError(
+            f"'{merges_path}' not found: a byte-level BPE vocab.json needs its merges.txt beside it"
+        )
+    with tf.io.gfile.GFile(vocab_path, "rb") as f:
+        try:
+            vocab = json.loads(f.read().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TokenizerError(
+                f"{vocab_path}: not valid JSON ({e}): a BPE vocab.json maps each token to its id"
+            ) from None
+    if not isinstance(vocab, dict) or not all(type(i) is int for i in vocab.values()):
+        raise TokenizerError(f"{vocab_path}: not a JSON object of token -> integer id")
+    with tf.io.gfile.GFile(merges_path, "rb") as f:
+        try:
+            lines = f.read().decode("utf-8").split("\n")
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{merges_path}: not valid UTF-8 (byte offset {e.start})") from None
+    merges = []
+    for number, line in enumerate(lines, 1):
+        if not line or (number == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise TokenizerError(f"{merges_path}:{number}: expected two tokens 'A B', got {line!r}")
+        merges.append((parts[0], parts[1]))
+    return vocab, merges
 
 
 def train_bpe(
@@ -807,18 +826,232 @@ def train_sentencepiece(
     return SentencePieceTokenizer(model.getvalue(), lowercase=lowercase, source="the trained model")
 
 
+# ---------------------------------------------------------------- DeBERTa (v1 BPE, v2/v3 SentencePiece)
+
+DEBERTA_SPM_FILE = "spm.model"  # HF's DebertaV2Tokenizer file name, as microsoft/DeBERTa's
+# microsoft/DeBERTa's `special_tokens` (spm_tokenizer.py, gpt2_tokenizer.py): [PAD] [CLS] [SEP]
+# [UNK] have ids 0..3 in both published vocabs; [MASK] comes after every other token.
+DEBERTA_SPECIAL_TOKENS = (PAD, CLS, SEP, UNK, MASK)
+
+
+def _is_bert_boundary_char(char: str) -> bool:
+    """`_is_whitespace(c) or _is_control(c) or _is_punctuation(c)` of microsoft/DeBERTa's
+    DeBERTa/deberta/spm_tokenizer.py and gpt2_bpe_utils.py (BERT's character classes): a
+    space, a Unicode "C*" control or format character, ASCII punctuation or symbols, "P*"."""
+    cp, category = ord(char), unicodedata.category(char)
+    return (
+        char in " \t\n\r"
+        or category == "Zs"
+        or category.startswith(("C", "P"))
+        or 33 <= cp <= 47
+        or 58 <= cp <= 64
+        or 91 <= cp <= 96
+        or 123 <= cp <= 126
+    )
+
+
+def _is_deberta_word_start(text: str, space: str) -> bool:
+    """The negation of microsoft/DeBERTa's `part_of_whole_word(token)` for a non-special token
+    whose text is `text` (an spm piece, or a BPE token's decoded bytes) and whose leading space
+    is written `space` ("▁" or " "): a word starts at a token with a leading space, and a lone
+    whitespace, control or punctuation character is a word of its own (so "▁don" "'" "t" is
+    two words and "t" continues the second, and "1,000" -> "▁1" "," "000" is two)."""
+    return (len(text) == 1 and _is_bert_boundary_char(text)) or text.startswith(space)
+
+
+class DebertaBPETokenizer(ByteLevelBPETokenizer):
+    """DeBERTa v1's tokenizer: GPT-2's byte-level BPE (as `ByteLevelBPETokenizer`, which see)
+    with BERT-style special tokens. Implements `Tokenizer` with `pair_format` "bert".
+
+    microsoft/DeBERTa DeBERTa/deberta/gpt2_tokenizer.py puts [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3
+    before fairseq's GPT-2 dictionary and [MASK] after it (50264); HF's DebertaTokenizer reads
+    the same ids from vocab.json + merges.txt, which hold the five special tokens as ordinary
+    entries. A pair is `[CLS] A [SEP] B [SEP]`, segment ids 0/1, as the original's tasks build
+    it (HF 5.18's DebertaTokenizer writes `[CLS] A [SEP] [SEP] B [SEP]`, all type 0: not
+    followed). Text never becomes [UNK] (every byte is in the vocab), and special tokens written
+    in the text are not recognised (HF matches them; "[MASK]" with the space before it).
+    """
+
+    pair_format = "bert"
+    _SPECIAL_TOKENS = SPECIAL_TOKENS  # the protocol's order: pad, unk, cls, sep, mask
+    _REQUIRED_TOKENS = DEBERTA_SPECIAL_TOKENS
+    _FAMILY = "DeBERTa"
+    _MISSING_HINT = " (published: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3 [MASK]=50264)"
+    _KIND = "deberta_bpe"
+
+    def word_start_mask(self) -> np.ndarray:
+        """bool [vocab_size]: True for the 5 special tokens and where gpt2_tokenizer.py's
+        `part_of_whole_word` is False, on the token's decoded text (`_is_deberta_word_start`):
+        a leading space ("Ġthe"), or a lone punctuation, whitespace or control character (","
+        starts a word where RoBERTa's rule says it continues one)."""
+        decoder = decoders.ByteLevel()
+        mask = np.array([_is_deberta_word_start(decoder.decode([t]), " ") for t in self._tokens], dtype=bool)
+        mask[[self._vocab[t] for t in self._REQUIRED_TOKENS]] = True
+        return mask
+
+
+class DebertaSentencePieceTokenizer(_VocabTable):
+    """DeBERTa-v2/v3's SentencePiece tokenizer (microsoft/DeBERTa DeBERTa/deberta/spm_tokenizer.py
+    `SPMTokenizer` with do_lower_case=False, split_by_punct=False, as every published model).
+    Implements `Tokenizer` with `pair_format` "bert".
+
+    Text goes to the spm model as it is: the model's own normaliser (spm_train's default nmt_nfkc:
+    NFKC, whitespace collapsed, a "▁" prefix) and its unigram pieces; no lowercasing, no
+    punctuation split. A piece the model does not know is [UNK] (the original maps unknown
+    pieces and "<unk>" to it). The published spm.model holds [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3;
+    [MASK] is not in it and gets the id after the last piece (128000), as `add_special_token`
+    and HF's tokenizer do, so vocab_size is the piece count + 1. A model that already has a
+    [MASK] piece keeps that id, as both do, and adds nothing. Special tokens written in the text
+    are recognised only where the model has them as user-defined pieces (spm's rule, as the
+    original; control pieces never match text), while HF always matches them.
+
+    `encode_documents` encodes each sentence alone, which equals the joined text's ids because
+    spm splits at whitespace first (its default split_by_whitespace, which DeBERTa keeps).
+    """
+
+    pair_format = "bert"
+    _SPECIAL_TOKENS = SPECIAL_TOKENS  # the protocol's order: pad, unk, cls, sep, mask
+
+    def __init__(self, model_proto: bytes, *, source: str = "the model"):
+        """Args:
+          model_proto: a serialized SentencePiece ModelProto (the bytes of DeBERTa's spm.model).
+          source: names the model in error messages.
+
+        Raises:
+          TokenizerError: not a SentencePiece model, or it lacks [PAD], [CLS], [SEP] or [UNK].
+        """
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model_proto)
+        except Exception:  # the library raises RuntimeError/OSError with a parser message
+            raise TokenizerError(
+                f"{source}: not a SentencePiece model: pass a .model file written by spm_train "
+                "(e.g. DeBERTa-v2/v3's spm.model)"
+            ) from None
+        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        vocab = {piece: i for i, piece in enumerate(pieces)}
+        for token in DEBERTA_SPECIAL_TOKENS[:4]:
+            if token not in vocab:
+                raise TokenizerError(
+                    f"{source}: the model has no {token} piece: DeBERTa's spm.model holds "
+                    f"{', '.join(DEBERTA_SPECIAL_TOKENS[:4])} (ids 0..3; [MASK] is added after its pieces)"
+                )
+        if MASK not in vocab:
+            vocab[MASK] = len(pieces)
+            pieces.append(MASK)
+        self._sp = processor
+        self._proto = bytes(model_proto)
+        self._tokens = tuple(pieces)
+        self._vocab = vocab
+        # The id spm gives text it has no piece for, which becomes [UNK] (the same id in the
+        # published model, whose unk piece is [UNK]).
+        self._spm_unk = processor.unk_id()
+
+    @classmethod
+    def from_model_file(cls, path: str) -> DebertaSentencePieceTokenizer:
+        """Loads a .model file, e.g. DeBERTa-v2/v3's published spm.model."""
+        if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+            raise TokenizerError(f"SentencePiece model '{path}' not found: DeBERTa-v2/v3 need spm.model")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return cls(f.read(), source=path)
+
+    def _unk_to_ours(self, ids: list[int]) -> list[int]:
+        unk = self.unk_id
+        if self._spm_unk == unk:
+            return ids
+        return [unk if i == self._spm_unk else i for i in ids]
+
+    def encode(self, text: str) -> list[int]:
+        return self._unk_to_ours(self._sp.encode(text))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self._unk_to_ours(ids) for ids in self._sp.encode(list(texts))]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The normalised text of `ids` ("▁" -> space, whitespace runs as one space), padding
+        skipped; [CLS], [SEP] and [MASK] written as words of their own and [UNK] in place
+        ("Caf[UNK] [MASK] [SEP]"): spm alone would drop the first two, write [UNK] " ⁇ " and has
+        no [MASK]."""
+        pad, unk = self.pad_id, self.unk_id
+        named = {self.cls_id, self.sep_id, self.mask_id}
+        parts: list[str] = []
+        run: list[int] = []
+
+        def flush() -> None:
+            if run:
+                # spm drops the space of the run's first "▁"; only the text's first one goes.
+                space = " " if parts and self._tokens[run[0]].startswith(_SPIECE_UNDERLINE) else ""
+                parts.append(space + self._sp.decode(run))
+                run.clear()
+
+        for i in map(int, ids):
+            token = self.id_to_token(i)  # IndexError outside the vocab
+            if i == pad:
+                continue
+            if i in named or i == unk:
+                flush()
+                parts.append(f" {token} " if i in named else token)
+            else:
+                run.append(i)
+        flush()
+        return " ".join("".join(parts).split())
+
+    def word_start_mask(self) -> np.ndarray:
+        """bool [vocab_size]: True for the 5 special tokens and where spm_tokenizer.py's
+        `part_of_whole_word` is False (`_is_deberta_word_start`): a piece starting with "▁", or a
+        lone punctuation, whitespace or control character ("," "'" "(" start words). Every other
+        piece without "▁" ("s" after "▁function") continues the word before it."""
+        return np.array(
+            [
+                t in DEBERTA_SPECIAL_TOKENS or _is_deberta_word_start(t, _SPIECE_UNDERLINE)
+                for t in self._tokens
+            ],
+            dtype=bool,
+        )
+
+    def identity(self) -> dict:
+        """{"kind": "deberta_spm", "vocab_size", "pair_format": "bert", "model_sha256"}."""
+        return {
+            "kind": "deberta_spm",
+            "vocab_size": self.vocab_size,
+            "pair_format": self.pair_format,
+            "model_sha256": hashlib.sha256(self._proto).hexdigest(),
+        }
+
+    def save(self, directory: str) -> None:
+        tf.io.gfile.makedirs(directory)
+        with tf.io.gfile.GFile(os.path.join(directory, DEBERTA_SPM_FILE), "wb") as f:
+            f.write(self._proto)
+        with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
+            f.write(json.dumps({"kind": "deberta_spm"}, indent=2) + "\n")
+
+
+def load_bpe_files(vocab_path: str, merges_path: str) -> ByteLevelBPETokenizer:
+    """RoBERTa's or DeBERTa v1's vocab.json + merges.txt, told apart by the special tokens:
+    a vocab with [CLS] and no <s> is DeBERTa's (`DebertaBPETokenizer`)."""
+    vocab, merges = _read_bpe_files(vocab_path, merges_path)
+    deberta = CLS in vocab and "<s>" not in vocab
+    return (DebertaBPETokenizer if deberta else ByteLevelBPETokenizer)(vocab, merges, source=vocab_path)
+
+
 # ---------------------------------------------------------------- loading
 
-KINDS = ("wordpiece", "bpe", "sentencepiece")
+KINDS = ("wordpiece", "bpe", "sentencepiece")  # the kinds `train` makes
+# DeBERTa's tokenizers (v1 BPE, v2/v3 SentencePiece): their models may have more embedding
+# rows than tokens (models.pretrained.vocab_fits).
+DEBERTA_KINDS = ("deberta_bpe", "deberta_spm")
+ALL_KINDS = (*KINDS, *DEBERTA_KINDS)  # the kinds `load_tokenizer` reads
 
 
 def load_tokenizer(path: str) -> Tokenizer:
     """Loads a tokenizer from a directory or a file, detecting its kind.
 
     A directory whose tokenizer_config.json names a "kind" loads that kind. Otherwise: vocab.txt ->
-    WordPiece (casing inferred); vocab.json + merges.txt -> byte-level BPE; spiece.model or a
-    single *.model -> SentencePiece (uncased, as every published ALBERT). A file: *.model ->
-    SentencePiece, vocab.json -> BPE (merges.txt beside it), else a WordPiece vocab.txt.
+    WordPiece (casing inferred); vocab.json + merges.txt -> byte-level BPE (DeBERTa's when the
+    vocab has [CLS] and no <s>, `load_bpe_files`); spm.model -> DeBERTa-v2/v3 SentencePiece;
+    spiece.model or a single *.model -> ALBERT SentencePiece (uncased, as every published
+    ALBERT). A file: spm.model -> DeBERTa SentencePiece, another *.model -> ALBERT's,
+    vocab.json -> BPE (merges.txt beside it), else a WordPiece vocab.txt.
 
     Raises:
       TokenizerError: nothing loadable at `path`, an unknown kind, or bad tokenizer files.
@@ -833,24 +1066,26 @@ def load_tokenizer(path: str) -> Tokenizer:
         if VOCAB_FILE in names:
             return WordPieceTokenizer.from_vocab_file(os.path.join(path, VOCAB_FILE))
         if BPE_VOCAB_FILE in names:
-            return ByteLevelBPETokenizer.from_files(
-                os.path.join(path, BPE_VOCAB_FILE), os.path.join(path, BPE_MERGES_FILE)
-            )
+            return load_bpe_files(os.path.join(path, BPE_VOCAB_FILE), os.path.join(path, BPE_MERGES_FILE))
+        if DEBERTA_SPM_FILE in names:
+            return DebertaSentencePieceTokenizer.from_model_file(os.path.join(path, DEBERTA_SPM_FILE))
         model_files = sorted(n for n in names if n.endswith(".model"))
         if SP_MODEL_FILE in names or len(model_files) == 1:
             name = SP_MODEL_FILE if SP_MODEL_FILE in names else model_files[0]
             return SentencePieceTokenizer.from_model_file(os.path.join(path, name))
         raise TokenizerError(
             f"'{path}' holds no {CONFIG_FILE}, {VOCAB_FILE}, {BPE_VOCAB_FILE} + {BPE_MERGES_FILE} "
-            f"or {SP_MODEL_FILE}: pass a directory written by `python -m data.tokenizers train` "
-            "or a published tokenizer's files"
+            f"or one *.model ({SP_MODEL_FILE}, {DEBERTA_SPM_FILE}): pass a directory written by "
+            "`python -m data.tokenizers train` or a published tokenizer's files"
         )
     if not tf.io.gfile.exists(path):
         raise TokenizerError(f"no tokenizer at '{path}': pass a tokenizer directory or a vocab file")
+    if os.path.basename(path) == DEBERTA_SPM_FILE:
+        return DebertaSentencePieceTokenizer.from_model_file(path)
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_model_file(path)
     if path.endswith(".json"):
-        return ByteLevelBPETokenizer.from_files(path, os.path.join(os.path.dirname(path), BPE_MERGES_FILE))
+        return load_bpe_files(path, os.path.join(os.path.dirname(path), BPE_MERGES_FILE))
     return WordPieceTokenizer.from_vocab_file(path)
 
 
@@ -881,8 +1116,14 @@ def _load_configured(path: str, config_path: str) -> Tokenizer | None:
         return SentencePieceTokenizer.from_model_file(
             os.path.join(path, SP_MODEL_FILE), lowercase=config.get("lowercase", True)
         )
+    if kind == "deberta_bpe":
+        return DebertaBPETokenizer.from_files(
+            os.path.join(path, BPE_VOCAB_FILE), os.path.join(path, BPE_MERGES_FILE)
+        )
+    if kind == "deberta_spm":
+        return DebertaSentencePieceTokenizer.from_model_file(os.path.join(path, DEBERTA_SPM_FILE))
     raise TokenizerError(
-        f"{config_path}: unknown tokenizer kind {kind!r}: this version reads {', '.join(KINDS)}"
+        f"{config_path}: unknown tokenizer kind {kind!r}: this version reads {', '.join(ALL_KINDS)}"
     )
 
 

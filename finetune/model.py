@@ -34,7 +34,8 @@ from flax import traverse_util
 
 from core import axes
 from core.errors import UserError
-from models.encoder import Encoder, EncoderConfig, bias_init, dense, kernel_init
+from models.backbone import encoder_module
+from models.encoder import EncoderConfig, bias_init, dense, kernel_init
 
 log = logging.getLogger("finetune")
 
@@ -59,7 +60,7 @@ class ClassifierModel(nn.Module):
         """
         cfg = self.config
         uses_pooler = cfg.classifier_head == "pooler"
-        encoded = Encoder(dataclasses.replace(cfg, pooler=uses_pooler), name="encoder")(
+        encoded = encoder_module(dataclasses.replace(cfg, pooler=uses_pooler), name="encoder")(
             batch["input_ids"], batch["input_mask"], batch["segment_ids"], deterministic=deterministic
         )
         dropout = nn.Dropout(self.classifier_dropout_rate)
@@ -70,6 +71,15 @@ class ClassifierModel(nn.Module):
             features = encoded.sequence_output[:, 0]
             classifier_init = nn.with_logical_partitioning(
                 nn.initializers.glorot_uniform(), (axes.EMBED, None)
+            )
+        elif cfg.classifier_head == "deberta":
+            # The original's ContextPooler (DeBERTa/deberta/pooling.py; HF ContextPooler):
+            # dense -> GELU on the first token, its pooler_dropout 0; the dropout below is
+            # its cls_dropout (the hidden dropout unless a task sets it).
+            features = cfg.activation(
+                dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="classifier_dense")(
+                    encoded.sequence_output[:, 0]
+                )
             )
         else:  # "roberta"
             first = dropout(encoded.sequence_output[:, 0], deterministic=deterministic)
@@ -88,6 +98,11 @@ class ClassifierModel(nn.Module):
         )(features)
 
 
+# A BERT encoder always has its position table; a DeBERTa encoder has one only where the
+# enhanced mask decoder reads it (pretraining), so fine-tuning leaves it out.
+_EMD_POSITION_TABLE = "embeddings/position_embeddings/embedding"
+
+
 def load_encoder(params: Any, pretrained: Mapping[str, Any], shardings: Any) -> Any:
     """`params` (the freshly initialised, sharded fine-tuning tree) with `encoder` replaced
     by the pretrained encoder, each array placed with its sharding.
@@ -96,7 +111,8 @@ def load_encoder(params: Any, pretrained: Mapping[str, Any], shardings: Any) -> 
     one (an imported model without one keeps its fresh pooler, with a log line); a
     pretrained pooler that the head does not read (RoBERTa's head, on a checkpoint of a
     RoBERTa-with-NSP ablation arm) is left out, with a log line. An encoder without a
-    pooler (ELECTRA's discriminator) meets a head that reads none and loads as is. Other
+    pooler (ELECTRA's discriminator) meets a head that reads none and loads as is. DeBERTa's
+    absolute position table, which only its pretraining decoder reads, is left out. Other
     subtrees of the pretraining tree (MLM head, ELECTRA's generator) are not read. Any
     other missing, unused or differently shaped encoder parameter is an error.
     """
@@ -121,6 +137,11 @@ def load_encoder(params: Any, pretrained: Mapping[str, Any], shardings: Any) -> 
             )
         loaded[path] = jax.device_put(value.astype(fresh.dtype), target_shardings[path])
     unused = sorted("/".join(p) for p in source if p not in target)
+    if _EMD_POSITION_TABLE in unused:
+        log.info(
+            "DeBERTa's absolute position table (read only by its pretraining mask decoder): left out"
+        )
+        unused.remove(_EMD_POSITION_TABLE)
     if unused and all(name.startswith("pooler/") for name in unused):
         log.info("the classifier head does not read the pretrained pooler: left out")
         unused = []

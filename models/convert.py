@@ -8,17 +8,18 @@
     python -m models.convert import --from=hf:DISC --generator_from=hf:GEN --workdir=OUT
     python -m models.convert export --workdir=W --to=hf:DISC --generator_to=hf:GEN
 
-Families: HF model_type bert, roberta, albert and electra; TF1 checkpoints of
-google-research/bert and google-research/albert. A config.json without model_type (old
-pytorch-pretrained-bert folders, e.g. SpanBERT's published checkpoints) is read as BERT when
-its keys and weight names are BERT's. SpanBERT's span boundary (SBO) head has no
-transformers counterpart: an export writes the BERT parts and leaves it out, with a
-warning. An imported workdir is what `models.pretrained.load_pretrained` reads
-(model_config.json, tokenizer/, checkpoints/0/state), so `finetune.glue --init_checkpoint`,
-`models.encode` and `models.predict` take it as it is.
+Families: HF model_type bert, roberta, albert, electra, deberta and deberta-v2 (DeBERTa-v2
+and v3); TF1 checkpoints of google-research/bert and google-research/albert. A config.json
+without model_type (old pytorch-pretrained-bert folders, e.g. SpanBERT's published
+checkpoints) is read as BERT when its keys and weight names are BERT's. SpanBERT's span
+boundary (SBO) head has no transformers counterpart: an export writes the BERT parts and
+leaves it out, with a warning. An imported workdir is what
+`models.pretrained.load_pretrained` reads (model_config.json, tokenizer/, checkpoints/0/state),
+so `finetune.glue --init_checkpoint`, `models.encode` and `models.predict` take it as it is.
 `converted_from.json` beside it records the source and which optional parts (pooler, MLM
-head, NSP/SOP head, ELECTRA's discriminator head and generator) the source had; parts it
-lacked are left out of the parameters rather than filled with random values.
+head, NSP/SOP head, ELECTRA's discriminator head and generator, DeBERTa-v3's RTD head) the
+source had; parts it lacked are left out of the parameters rather than filled with random
+values.
 
 ELECTRA (models/electra.py): the workdir's `encoder` + `discriminator_head` are the
 discriminator; `generator` + `generator_head` the generator, which reads the discriminator's
@@ -28,12 +29,26 @@ model_config.json is the discriminator's; the generator's shape is read from its
 (models.pretrained.electra_generator). With a generator only hidden_act='gelu' converts:
 transformers' generator head applies the exact GELU whatever the config says.
 
+DeBERTa (models/deberta.py; `EncoderConfig.disentangled` from config.json's relative-attention
+keys): v1's fused in_proj is split into our query/key/value; the MLM head is read under
+transformers' legacy=False names (lm_predictions.lm_head.*, the original's checkpoints) or
+legacy=True ones (cls.predictions.*) and written as legacy=False (with tie_word_embeddings
+false, which transformers 5.18 needs to load it: that head reads the word table itself), or
+legacy=True when E != H, which only that head expresses. The absolute position table, which
+transformers keeps only with position_biased_input, is imported when the file has it (the
+enhanced mask decoder reads it) and exported when the tree has it (transformers ignores it
+unless position_biased_input, as it does in the original's checkpoints). DeBERTa-v3's
+replaced-token-detection head (`rtd_head`, HF mask_predictions.*, which no transformers
+class reads) is imported and exported when present. Options our encoder lacks (talking
+heads, p2p attention, grouped convolutions, ...) are refused on import; a pooler is refused
+on export.
+
 Parameter names map one-to-one by the tables below (`BERT`, `ROBERTA`, `ALBERT`, `ELECTRA`,
-`ELECTRA_GENERATOR`): one row per module, with our path, its HF name ("{base}" = the
-`bert.` / `roberta.` / `albert.` / `electra.` prefix that HF models with heads put before the
-encoder) and its TF1 name. `{i}` is the layer index; ALBERT's one shared layer is
-`encoder/shared_layer` (EncoderConfig.sharing = "all"). How a module's arrays are laid out
-differs by framework:
+`ELECTRA_GENERATOR`, `DEBERTA`, `DEBERTA_V2`): one row per module, with our path, its HF
+name ("{base}" = the `bert.` / `roberta.` / `albert.` / `electra.` / `deberta.` prefix that
+HF models with heads put before the encoder) and its TF1 name. `{i}` is the layer index;
+ALBERT's one shared layer is `encoder/shared_layer` (EncoderConfig.sharing = "all"). How a
+module's arrays are laid out differs by framework:
 
     ours             HF (torch)                 TF1
     dense kernel     [in, out]                  weight [out, in]          kernel [in, out]
@@ -42,6 +57,8 @@ differs by framework:
     q/k/v bias       [N, D]                     bias [N*D]                bias [N*D]
     LayerNorm        scale, bias                weight, bias              gamma, beta
     NSP/SOP head     kernel [H, 2]              weight [2, H]             output_weights [2, H]
+    DeBERTa conv     kernel [K, H_in, H_out]    weight [H_out, H_in, K]
+    DeBERTa v1 q/k/v 3 kernels [H, N, D]        in_proj.weight [3*N*D, H], rows [q_n; k_n; v_n] per head n
 
 The MLM decoder is tied to the word embeddings everywhere, so it has no row: an HF file that
 stores it must hold a copy of the embeddings (an untied decoder is refused).
@@ -81,6 +98,8 @@ from core import workdir as workdir_lib
 from core.errors import UserError
 from data import tokenizers
 from models import pretrained as pretrained_lib
+from models.deberta_rtd import RTDHead
+from models.disentangled import DisentangledConfig
 from models.electra import DiscriminatorHead
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params, resize_vocab_rows
@@ -92,7 +111,9 @@ CONVERTED_FROM = "converted_from.json"
 # BertForMaskedLM no pooler and no NSP head, BertForPreTraining everything. ELECTRA's
 # discriminator head comes with ElectraForPreTraining, its generator (the top-level
 # `generator` and `generator_head`) from a second folder, an ElectraForMaskedLM.
-OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head", "discriminator_head", "generator")
+# DeBERTa-v3's replaced-token-detection head (`rtd_head`) is in the original's checkpoints
+# (mask_predictions.*) though no transformers class reads it.
+OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head", "discriminator_head", "generator", "rtd_head")
 # The top-level subtrees of an ELECTRA tree that are its generator.
 GENERATOR_PARTS = ("generator", "generator_head")
 # Top-level subtrees of our pretraining trees that no transformers class has: an export
@@ -115,6 +136,13 @@ HEADS_OUT = "heads_out"  # attention output projection, ours: kernel [N, D, H], 
 NORM = "norm"  # ours: scale, bias
 BIAS = "bias"  # a lone vector (the MLM output bias)
 CLASSIFIER = "classifier"  # DENSE, but TF names it output_weights [out, in] / output_bias
+KERNEL = "kernel"  # DENSE without a bias (DeBERTa's embed_proj, v1's pos_proj)
+# DeBERTa v1's query/key/value: one HF `in_proj.weight` [3*N*D, H] (no bias) holding head n's
+# query, key and value rows at n*3D + {0, D, 2D} + d, and separate `q_bias`, `v_bias` [N*D]
+# (the key has no bias). Ours: attention/{query, key, value}/kernel [H, N, D], query and
+# value bias [N, D].
+FUSED_QKV = "fused_qkv"
+CONV1D = "conv1d"  # DeBERTa-v2's convolution, ours: kernel [K, H_in, H_out]; torch [H_out, H_in, K]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +277,9 @@ class ModelFormat:
     # HF class for config.json's "architectures" by head, the class with the most heads
     # first; under None the bare model's. A None class: transformers has no such model.
     hf_classes: Mapping[str | None, str | None]
+    # Older HF names of the table's arrays, (old prefix, the table's prefix): imports read
+    # either (DeBERTa's legacy=True MLM head, `cls.predictions.*`).
+    hf_renamed: tuple[tuple[str, str], ...] = ()
 
     def hf_architecture(self, groups: set[str]) -> str | None:
         """The HF class with exactly these heads (None: transformers has none, e.g. RoBERTa
@@ -348,8 +379,112 @@ ELECTRA_GENERATOR = ModelFormat(
     hf_tied={"generator_lm_head.weight": "{base}embeddings.word_embeddings.weight"},
     hf_classes={"mlm_head": "ElectraForMaskedLM", None: "ElectraModel"},
 )
+# DeBERTa (models/deberta.py; HF modeling_deberta{,_v2}.py). Embeddings: ours under
+# encoder/embeddings/, HF under {base}embeddings.; the E -> H projection has no bias. The
+# position table exists in HF only with position_biased_input; our pretraining tree has it
+# for the enhanced mask decoder (see `_optional_arrays`).
+_DEBERTA_EMBEDDINGS = (
+    ("word_embeddings", EMBED, "word_embeddings"),
+    ("position_embeddings", EMBED, "position_embeddings"),
+    ("token_type_embeddings", EMBED, "token_type_embeddings"),
+    ("embedding_projection", KERNEL, "embed_proj"),
+    ("layer_norm", NORM, "LayerNorm"),
+)
+# The encoder's own arrays: ours under encoder/, HF under {base}encoder.: the relative table
+# shared by all layers, its LayerNorm (v2 norm_rel_ebd) and v2's convolution after layer 0.
+_DEBERTA_ENCODER = (
+    ("rel_embeddings", EMBED, "rel_embeddings"),
+    ("rel_layer_norm", NORM, "LayerNorm"),
+    ("conv", CONV1D, "conv.conv"),
+    ("conv/layer_norm", NORM, "conv.LayerNorm"),
+)
+# A layer: ours under encoder/layer_{i}/, HF under {base}encoder.layer.{i}.; pos_key /
+# pos_query exist only without share_att_key (and only for the terms of pos_att_type).
+_DEBERTA_LAYER_REST = (
+    ("attention/output", HEADS_OUT, "attention.output.dense"),
+    ("attention_layer_norm", NORM, "attention.output.LayerNorm"),
+    ("intermediate", DENSE, "intermediate.dense"),
+    ("output", DENSE, "output.dense"),
+    ("output_layer_norm", NORM, "output.LayerNorm"),
+)
+_DEBERTA_V2_LAYER = (
+    ("attention/query", HEADS_IN, "attention.self.query_proj"),
+    ("attention/key", HEADS_IN, "attention.self.key_proj"),
+    ("attention/value", HEADS_IN, "attention.self.value_proj"),
+    ("attention/pos_key", HEADS_IN, "attention.self.pos_key_proj"),
+    ("attention/pos_query", HEADS_IN, "attention.self.pos_query_proj"),
+    *_DEBERTA_LAYER_REST,
+)
+# v1: the fused in_proj (+ q_bias, v_bias; no key bias), pos_proj without a bias (c2p),
+# pos_q_proj with one (p2c).
+_DEBERTA_V1_LAYER = (
+    ("attention", FUSED_QKV, "attention.self"),
+    ("attention/pos_key", KERNEL, "attention.self.pos_proj"),
+    ("attention/pos_query", HEADS_IN, "attention.self.pos_q_proj"),
+    *_DEBERTA_LAYER_REST,
+)
+# The heads: the MLM head under HF's legacy=False names (the original's checkpoints; a
+# legacy=True folder's cls.predictions.* are read too, `DEBERTA_V2.hf_renamed`), and
+# DeBERTa-v3's replaced-token-detection head, which HF has no class for (DebertaV2ForMaskedLM
+# ignores mask_predictions.* on load): LayerNorm(h + h_CLS) -> dense -> act -> classifier
+# H -> 1 (the original's replaced_token_detection_model.py).
+_DEBERTA_HEADS = (
+    ("mlm_head", "mlm_head/transform", DENSE, "lm_predictions.lm_head.dense", None),
+    ("mlm_head", "mlm_head/transform_layer_norm", NORM, "lm_predictions.lm_head.LayerNorm", None),
+    ("mlm_head", "mlm_head/output_bias", BIAS, "lm_predictions.lm_head.bias", None),
+    ("rtd_head", "rtd_head/layer_norm", NORM, "mask_predictions.LayerNorm", None),
+    ("rtd_head", "rtd_head/dense", DENSE, "mask_predictions.dense", None),
+    ("rtd_head", "rtd_head/classifier", DENSE, "mask_predictions.classifier", None),
+)
+# HF's legacy=True MLM head (the default of DebertaForMaskedLM / DebertaV2ForMaskedLM): a BERT
+# head of the same arrays (its dense is H -> E, as ours; the legacy=False dense is H -> H, so
+# a model with E != H has only this form).
+_DEBERTA_LEGACY_HEAD = (
+    ("cls.predictions.transform.", "lm_predictions.lm_head."),
+    ("cls.predictions.bias", "lm_predictions.lm_head.bias"),
+)
+_DEBERTA_TIED = {
+    "lm_predictions.lm_head.weight": "{base}embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.weight": "{base}embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+
+
+def _deberta_table(layer: tuple) -> tuple[Module, ...]:
+    """The table of a DeBERTa version with its `layer` rows (no TF1 names)."""
+
+    def rows(ours: str, hf: str, table: tuple) -> list[Module]:
+        return _rows("encoder", ours, hf, None, [(o, kind, h, None) for o, kind, h in table])
+
+    return (
+        *rows("encoder/embeddings/", "{base}embeddings.", _DEBERTA_EMBEDDINGS),
+        *rows("encoder/", "{base}encoder.", _DEBERTA_ENCODER),
+        *rows("encoder/layer_{i}/", "{base}encoder.layer.{i}.", layer),
+        *(Module(*row) for row in _DEBERTA_HEADS),
+    )
+
+
+# DeBERTa (v1): HF model_type "deberta".
+DEBERTA = ModelFormat(
+    model_type="deberta",
+    hf_base="deberta.",
+    table=_deberta_table(_DEBERTA_V1_LAYER),
+    hf_tied=_DEBERTA_TIED,
+    hf_classes={"mlm_head": "DebertaForMaskedLM", None: "DebertaModel"},
+    hf_renamed=_DEBERTA_LEGACY_HEAD,
+)
+# DeBERTa-v2 and v3 (the same architecture; v3 differs in pretraining): "deberta-v2".
+DEBERTA_V2 = ModelFormat(
+    model_type="deberta-v2",
+    hf_base="deberta.",
+    table=_deberta_table(_DEBERTA_V2_LAYER),
+    hf_tied=_DEBERTA_TIED,
+    hf_classes={"mlm_head": "DebertaV2ForMaskedLM", None: "DebertaV2Model"},
+    hf_renamed=_DEBERTA_LEGACY_HEAD,
+)
+DEBERTA_FORMATS = (DEBERTA, DEBERTA_V2)
 # By config.json's model_type; an ELECTRA folder is read as the discriminator.
-FORMATS = {f.model_type: f for f in (BERT, ROBERTA, ALBERT, ELECTRA)}
+FORMATS = {f.model_type: f for f in (BERT, ROBERTA, ALBERT, ELECTRA, DEBERTA, DEBERTA_V2)}
 
 
 # --- one parameter: names and layouts -------------------------------------------------
@@ -359,8 +494,11 @@ FORMATS = {f.model_type: f for f in (BERT, ROBERTA, ALBERT, ELECTRA)}
 class Param:
     """One array: our path, its name in the other framework, and how it is laid out there.
 
-    layout: "table" (same shape), "vector" (flattened), "in_out" (2-D kernel [in, out]) or
-    "out_in" (2-D kernel [out, in]); in_axes: how many leading axes of ours form `in`.
+    layout: "table" (same shape), "vector" (flattened), "in_out" (2-D kernel [in, out]),
+    "out_in" (2-D kernel [out, in]), "reversed" (axes in reverse order: torch's Conv1d
+    weight [H_out, H_in, K] for our [K, H_in, H_out]) or "fused_qkv" (our [H, N, D] kernel is
+    part `part` (0 query, 1 key, 2 value) of DeBERTa v1's in_proj.weight [3*N*D, H], whose
+    rows are [q_n; k_n; v_n] per head n); in_axes: how many leading axes of ours form `in`.
     """
 
     group: str
@@ -368,24 +506,47 @@ class Param:
     theirs: str
     layout: str
     in_axes: int = 1
+    part: int = 0
 
     def their_shape(self, our_shape: tuple[int, ...]) -> tuple[int, ...]:
         if self.layout == "table":
             return tuple(our_shape)
         if self.layout == "vector":
             return (math.prod(our_shape),)
+        if self.layout == "reversed":
+            return tuple(our_shape)[::-1]
+        if self.layout == "fused_qkv":
+            hidden, heads, head_dim = our_shape
+            return (3 * heads * head_dim, hidden)
         shape = (math.prod(our_shape[: self.in_axes]), math.prod(our_shape[self.in_axes :]))
         return shape if self.layout == "in_out" else shape[::-1]
 
     def to_ours(self, array: np.ndarray, our_shape: tuple[int, ...]) -> np.ndarray:
-        array = array.T if self.layout == "out_in" else array
+        if self.layout == "reversed":
+            array = np.transpose(array)
+        elif self.layout == "fused_qkv":
+            hidden, heads, head_dim = our_shape
+            # [N, 3, D, H][:, part] = this projection's [N, D, H] -> [H, N, D]
+            array = array.reshape(heads, 3, head_dim, hidden)[:, self.part].transpose(2, 0, 1)
+        elif self.layout == "out_in":
+            array = array.T
         return np.ascontiguousarray(array.reshape(our_shape), dtype=np.float32)
 
-    def to_theirs(self, array: np.ndarray) -> np.ndarray:
+    def to_theirs(self, array: np.ndarray, into: np.ndarray | None = None) -> np.ndarray:
+        """Their array of ours. A "fused_qkv" part is written into `into` (the fused array of
+        the parts converted so far; None: zeros), which is returned."""
+        array = np.asarray(array, np.float32)
         shape = self.their_shape(array.shape)
+        if self.layout == "reversed":
+            return np.ascontiguousarray(np.transpose(array))
+        if self.layout == "fused_qkv":
+            hidden, heads, head_dim = array.shape
+            fused = np.zeros(shape, np.float32) if into is None else np.array(into, np.float32)
+            fused.reshape(heads, 3, head_dim, hidden)[:, self.part] = array.transpose(1, 2, 0)
+            return fused
         if self.layout == "out_in":  # [in, out] first, then transposed
-            return np.ascontiguousarray(np.asarray(array, np.float32).reshape(shape[::-1]).T)
-        return np.ascontiguousarray(np.asarray(array, np.float32).reshape(shape))
+            return np.ascontiguousarray(array.reshape(shape[::-1]).T)
+        return np.ascontiguousarray(array.reshape(shape))
 
 
 def expand(fmt: ModelFormat, framework: str, num_layers: int, hf_base: str = "") -> list[Param]:
@@ -415,6 +576,23 @@ def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, fram
             Param(group, (*ours, "scale"), join("weight" if hf else "gamma"), "vector"),
             Param(group, (*ours, "bias"), join("bias" if hf else "beta"), "vector"),
         ]
+    if kind == KERNEL:
+        return [Param(group, (*ours, "kernel"), join("weight"), "out_in")]
+    if kind == CONV1D:
+        return [
+            Param(group, (*ours, "kernel"), join("weight"), "reversed"),
+            Param(group, (*ours, "bias"), join("bias"), "vector"),
+        ]
+    if kind == FUSED_QKV:  # ours: the attention module; name: HF's attention.self
+        kernels = [
+            Param(group, (*ours, proj, "kernel"), join("in_proj.weight"), "fused_qkv", part=part)
+            for part, proj in enumerate(("query", "key", "value"))
+        ]
+        return [
+            *kernels,
+            Param(group, (*ours, "query", "bias"), join("q_bias"), "vector"),
+            Param(group, (*ours, "value", "bias"), join("v_bias"), "vector"),
+        ]
     in_axes = 2 if kind == HEADS_OUT else 1
     if kind == CLASSIFIER and not hf:
         return [
@@ -435,13 +613,45 @@ def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, fram
 
 def our_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
     """Shape of every array of the full PretrainingModel (with NSP head) and, for an ELECTRA
-    config (classifier_head 'electra'), of the discriminator head; allocates nothing."""
+    config (classifier_head 'electra'), of the discriminator head; for a DeBERTa config
+    (`disentangled` set) `_deberta_shapes`. Allocates nothing."""
+    if config.disentangled is not None:
+        return _deberta_shapes(config)
     tree = nn.meta.unbox(abstract_params(dataclasses.replace(config, pooler=True), sentence_head=True))
     if config.classifier_head == "electra":
         hidden = jax.ShapeDtypeStruct((1, 1, config.hidden_size), jnp.float32)
         head = jax.eval_shape(DiscriminatorHead(config).init, jax.random.key(0), hidden)
         tree = {**tree, "discriminator_head": nn.meta.unbox(head["params"])}
     return {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
+
+
+# DeBERTa's absolute position table: in HF only with position_biased_input; in our pretraining
+# tree also for the enhanced mask decoder, which adds it to the decoder's queries.
+DEBERTA_POSITION_TABLE = ("encoder", "embeddings", "position_embeddings", "embedding")
+
+
+def _deberta_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Every array a DeBERTa file may hold, in our tree: the MLM model without pooler and
+    sentence head (transformers' DeBERTa has neither: its ContextPooler is a fine-tuning
+    head), plus the absolute position table [max positions, E] (`_optional_arrays`) and
+    DeBERTa-v3's RTD head `rtd_head` (models/deberta_rtd.py RTDHead: layer_norm [H]; dense,
+    classifier kernels [in, out]: H -> H, H -> 1)."""
+    tree = nn.meta.unbox(abstract_params(dataclasses.replace(config, pooler=False), sentence_head=False))
+    hidden = jax.ShapeDtypeStruct((1, 1, config.hidden_size), jnp.float32)
+    head = jax.eval_shape(RTDHead(config).init, jax.random.key(0), hidden)
+    tree = {**tree, "rtd_head": nn.meta.unbox(head["params"])}
+    shapes = {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
+    shapes.setdefault(DEBERTA_POSITION_TABLE, (config.max_position_embeddings, config.embedding_width))
+    return shapes
+
+
+def _optional_arrays(fmt: ModelFormat, config: EncoderConfig) -> set[tuple[str, ...]]:
+    """Arrays of the encoder that a file of `fmt` may lack, in which case our tree lacks
+    them too (absent rather than random): DeBERTa's position table when the input is not
+    position-biased (HF then drops it; the original's checkpoints keep it for the EMD)."""
+    if fmt in DEBERTA_FORMATS and not config.disentangled.position_biased_input:
+        return {DEBERTA_POSITION_TABLE}
+    return set()
 
 
 # --- building our parameters from theirs --------------------------------------------
@@ -574,6 +784,109 @@ def _albert_options(fields: Mapping[str, Any], where: str, name: str) -> dict[st
     return {"embedding_size": embedding_size, "sharing": "all"}
 
 
+_NORM_REL_EBD = {"layer_norm": True, "none": False}
+
+
+def _deberta_options(hf: Mapping[str, Any], model_type: str, where: str) -> dict[str, Any]:
+    """The EncoderConfig fields of a DeBERTa config.json: `disentangled`, no pooler, the
+    "deberta" classifier head, embedding_size when E != H. Absent keys take the value
+    transformers gives them (its `getattr(config, key, default)`); v1 reads none of v2's
+    keys (buckets, shared key, rel-LN, convolution), so they are ignored there. Refuses
+    what our encoder cannot reproduce."""
+
+    def refuse(key: str, why: str, default: Any = None) -> None:
+        raise ConversionError(f"{where}: config.json {key}={hf.get(key, default)!r} is not supported: {why}")
+
+    if not hf.get("relative_attention", False):
+        why = "without relative attention this is not DeBERTa (our encoder always has it)"
+        refuse("relative_attention", why, default=False)
+    if hf.get("talking_head", False):
+        refuse("talking_head", "talking-head attention (used by no published DeBERTa) is not implemented")
+    hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
+    if "attention_head_size" in hf and heads and hf["attention_head_size"] * heads != hidden:
+        refuse(
+            "attention_head_size", f"our heads are hidden_size / num_attention_heads = {hidden}/{heads} wide"
+        )
+    terms = hf.get("pos_att_type") or []
+    if isinstance(terms, str):  # "p2c|c2p", as DebertaConfig splits it
+        terms = [t.strip() for t in terms.lower().split("|")]
+    if any(t not in ("c2p", "p2c") for t in terms) or len(set(terms)) != len(terms):
+        refuse("pos_att_type", "only distinct 'c2p' and 'p2c' terms are implemented")
+    max_relative = hf.get("max_relative_positions", -1)
+    options: dict[str, Any] = {
+        "version": 1,
+        "position_buckets": 0,
+        "max_relative_positions": max_relative if max_relative >= 1 else -1,
+        "share_att_key": False,
+        "norm_rel_ebd": False,
+        "position_biased_input": hf.get("position_biased_input", True),
+        "pos_att_type": tuple(terms),
+    }
+    if model_type == "deberta-v2":
+        norm = str(hf.get("norm_rel_ebd", "none")).lower()
+        if norm not in _NORM_REL_EBD:
+            refuse("norm_rel_ebd", f"use one of {sorted(_NORM_REL_EBD)}")
+        if hf.get("conv_kernel_size", 0) > 0:
+            if hf.get("conv_groups", 1) != 1:
+                refuse("conv_groups", "the convolution is implemented with 1 group only")
+            if hf.get("conv_act", "tanh") not in ("gelu", "tanh"):
+                refuse("conv_act", "use 'gelu' or 'tanh'")
+        options.update(
+            version=2,
+            position_buckets=max(hf.get("position_buckets", -1), 0),
+            share_att_key=hf.get("share_att_key", False),
+            norm_rel_ebd=_NORM_REL_EBD[norm],
+            conv_kernel_size=max(hf.get("conv_kernel_size", 0), 0),
+            conv_act=hf.get("conv_act", "tanh"),
+        )
+    try:
+        disentangled = DisentangledConfig(**options)
+    except (TypeError, ValueError) as e:
+        raise ConversionError(f"{where}: config.json: {e}") from None
+    embedding_size = hf.get("embedding_size", hidden)
+    return {
+        "disentangled": disentangled,
+        "embedding_size": None if embedding_size == hidden else embedding_size,
+        "pooler": False,
+        "classifier_head": "deberta",
+    }
+
+
+def _deberta_hf_config(config: EncoderConfig, groups: set[str]) -> dict[str, Any]:
+    """The DeBERTa keys of an exported config.json (transformers reads the undeclared ones,
+    position_buckets and the rest, with getattr). The MLM head is written under its
+    legacy=False names (those of the original's checkpoints), except with E != H, which only
+    the legacy=True head can express (`hf_model_files`).
+
+    legacy=False goes with tie_word_embeddings=False: transformers 5.18 cannot load a
+    legacy=False DebertaForMaskedLM / DebertaV2ForMaskedLM with tied embeddings (its tying
+    looks for a parameter lm_predictions.lm_head.weight that the head does not have), and
+    that head multiplies by the word table itself, so the flag changes nothing else.
+    """
+    opts = config.disentangled
+    legacy = config.factorized_embedding and "mlm_head" in groups
+    keys: dict[str, Any] = {
+        "relative_attention": True,
+        "max_relative_positions": opts.max_relative_positions,
+        "position_biased_input": opts.position_biased_input,
+        "pos_att_type": list(opts.pos_att_type),
+        "legacy": legacy,
+        "tie_word_embeddings": legacy,
+        "pooler_hidden_act": _OUR_ACTIVATIONS_TO_HF[config.hidden_act],
+    }
+    if config.factorized_embedding:
+        keys["embedding_size"] = config.embedding_width
+    if opts.version == 2:
+        keys.update(
+            position_buckets=opts.position_buckets if opts.position_buckets else -1,
+            share_att_key=opts.share_att_key,
+            norm_rel_ebd="layer_norm" if opts.norm_rel_ebd else "none",
+        )
+        if opts.conv_kernel_size:
+            keys.update(conv_kernel_size=opts.conv_kernel_size, conv_act=opts.conv_act, conv_groups=1)
+    return keys
+
+
 def hf_config_to_ours(hf: Mapping[str, Any], where: str) -> tuple[ModelFormat, EncoderConfig]:
     """EncoderConfig of an HF config.json; refuses model types and options we cannot reproduce."""
     model_type = hf.get("model_type")
@@ -587,6 +900,10 @@ def hf_config_to_ours(hf: Mapping[str, Any], where: str) -> tuple[ModelFormat, E
         "add_cross_attention": (False, "this is an encoder-only codebase"),
         "tie_word_embeddings": (True, "our MLM decoder is tied to the word embeddings"),
     }
+    if FORMATS[model_type] in DEBERTA_FORMATS and hf.get("legacy", True) is False:
+        # HF's legacy=False DeBERTa head multiplies by the word table itself whatever
+        # tie_word_embeddings says (our exports write False: `_deberta_hf_config`).
+        del refusals["tie_word_embeddings"]
     for key, (wanted, why) in refusals.items():
         if key in hf and hf[key] != wanted:
             raise ConversionError(f"{where}: config.json {key}={hf[key]!r} is not supported: {why}")
@@ -596,6 +913,10 @@ def hf_config_to_ours(hf: Mapping[str, Any], where: str) -> tuple[ModelFormat, E
             f"{where}: config.json hidden_act={act!r} is not supported: use one of {sorted(_HF_ACTIVATIONS)}"
         )
     extra: dict[str, Any] = {"layer_norm_eps": hf.get("layer_norm_eps", 1e-12)}
+    if FORMATS[model_type] in DEBERTA_FORMATS:
+        # DebertaConfig's defaults for what a config.json may leave out.
+        extra.update(_deberta_options(hf, model_type, where), layer_norm_eps=hf.get("layer_norm_eps", 1e-7))
+        hf = {"type_vocab_size": 0, **hf}
     if model_type == "roberta":
         # HF (as fairseq) numbers positions from padding_idx + 1 (create_position_ids_from_input_ids).
         extra["position_offset"] = hf.get("pad_token_id", 1) + 1
@@ -635,7 +956,10 @@ def tf_config_to_ours(tf_config: Mapping[str, Any], albert: bool, where: str) ->
 
 def format_of(config: EncoderConfig) -> ModelFormat:
     """The published family whose layout `config` has (for export); ELECTRA's discriminator
-    is recognised by its classifier head."""
+    is recognised by its classifier head, DeBERTa by `disentangled` (its version: v1 or
+    v2/v3; EncoderConfig allows DeBERTa no sharing and no position offset)."""
+    if config.disentangled is not None:
+        return DEBERTA if config.disentangled.version == 1 else DEBERTA_V2
     if config.classifier_head == "electra" and config.sharing == "none" and config.position_offset == 0:
         return ELECTRA
     if config.sharing == "all" and config.factorized_embedding and config.position_offset == 0:
@@ -656,9 +980,13 @@ def format_of(config: EncoderConfig) -> ModelFormat:
 def read_tokenizer(fmt: ModelFormat, directory: str, where: str) -> tokenizers.Tokenizer:
     """The tokenizer files of a model folder: BERT's vocab.txt (casing from HF's
     tokenizer_config.json, else inferred from the vocab), RoBERTa's vocab.json + merges.txt,
-    ALBERT's spiece.model (or the one *.model, e.g. the TF release's 30k-clean.model)."""
+    ALBERT's spiece.model (or the one *.model, e.g. the TF release's 30k-clean.model), DeBERTa's
+    vocab.json + merges.txt (v1) or spm.model (v2/v3)."""
     settings_path = os.path.join(directory, "tokenizer_config.json")
     settings = _read_json(settings_path, where) if os.path.exists(settings_path) else {}
+    # By model_type string: DeBERTa's ModelFormats are defined elsewhere in this file.
+    if fmt.model_type in ("deberta", "deberta-v2"):
+        return _read_deberta_tokenizer(fmt.model_type, directory, settings, where)
     if fmt is ROBERTA:
         vocab, merges = (
             os.path.join(directory, n) for n in (tokenizers.BPE_VOCAB_FILE, tokenizers.BPE_MERGES_FILE)
@@ -688,8 +1016,43 @@ def read_tokenizer(fmt: ModelFormat, directory: str, where: str) -> tokenizers.T
     )
 
 
+# HF tokenizer_config.json settings our DeBERTa tokenizers do not implement, with the value
+# every published model has (microsoft/DeBERTa spm_tokenizer.py and HF's defaults).
+_DEBERTA_FIXED_SETTINGS = {
+    "deberta": {"add_prefix_space": False},
+    "deberta-v2": {"do_lower_case": False, "split_by_punct": False},
+}
+
+
+def _read_deberta_tokenizer(model_type: str, directory: str, settings: Mapping[str, Any], where: str):
+    """DeBERTa v1's vocab.json + merges.txt (model_type "deberta") or v2/v3's spm.model
+    ("deberta-v2"), as HF's DebertaTokenizer / DebertaV2Tokenizer read them."""
+    for key, value in _DEBERTA_FIXED_SETTINGS[model_type].items():
+        if settings.get(key, value) != value:
+            raise ConversionError(
+                f"{where}: tokenizer_config.json has {key}={settings[key]!r}: only {key}={value!r} "
+                "(every published DeBERTa) is supported"
+            )
+    if model_type == "deberta":
+        vocab, merges = (
+            os.path.join(directory, n) for n in (tokenizers.BPE_VOCAB_FILE, tokenizers.BPE_MERGES_FILE)
+        )
+        if not (os.path.exists(vocab) and os.path.exists(merges)):
+            raise ConversionError(
+                f"{where}: no vocab.json + merges.txt: a DeBERTa folder needs its BPE files"
+            )
+        return tokenizers.DebertaBPETokenizer.from_files(vocab, merges)
+    model = os.path.join(directory, tokenizers.DEBERTA_SPM_FILE)
+    if not os.path.exists(model):
+        raise ConversionError(
+            f"{where}: no {tokenizers.DEBERTA_SPM_FILE}: a DeBERTa-v2/v3 folder needs its SentencePiece model"
+        )
+    return tokenizers.DebertaSentencePieceTokenizer.from_model_file(model)
+
+
 def _check_vocab(config: EncoderConfig, tokenizer: tokenizers.Tokenizer, where: str, name: str) -> None:
-    if tokenizer.vocab_size != config.vocab_size:
+    # DeBERTa-v2/v3's tables have spare rows (128100 for 128001 tokens): models/pretrained.py.
+    if not pretrained_lib.vocab_fits(tokenizer, config.vocab_size):
         raise ConversionError(
             f"{where}: {name} has vocab_size={config.vocab_size} but the tokenizer has "
             f"{tokenizer.vocab_size} tokens: the vocab file does not belong to this model"
@@ -701,6 +1064,8 @@ _HF_TOKENIZER_CLASSES = {
     "wordpiece": "BertTokenizer",
     "bpe": "RobertaTokenizer",
     "sentencepiece": "AlbertTokenizer",
+    "deberta_bpe": "DebertaTokenizer",
+    "deberta_spm": "DebertaV2Tokenizer",
 }
 
 
@@ -720,7 +1085,7 @@ def write_hf_tokenizer(tokenizer: tokenizers.Tokenizer, config: EncoderConfig, o
     }
     specials = {f"{role}_token": tokenizer.id_to_token(i) for role, i in roles.items()}
     specials["mask_token"] = tokenizer.id_to_token(tokenizer.mask_id)
-    if kind == "bpe":  # RoBERTa's <s> / </s> are also its bos / eos
+    if kind in ("bpe", "deberta_bpe", "deberta_spm"):  # <s> / </s>, DeBERTa's [CLS] / [SEP]: also bos / eos
         specials.update(bos_token=specials["cls_token"], eos_token=specials["sep_token"])
     settings = {
         "tokenizer_class": _HF_TOKENIZER_CLASSES[kind],
@@ -733,8 +1098,10 @@ def write_hf_tokenizer(tokenizer: tokenizers.Tokenizer, config: EncoderConfig, o
             strip_accents=identity["strip_accents"],
             tokenize_chinese_chars=True,
         )
-    elif kind == "bpe":
+    elif kind in ("bpe", "deberta_bpe"):
         settings["add_prefix_space"] = False
+    elif kind == "deberta_spm":
+        settings.update(_DEBERTA_FIXED_SETTINGS["deberta-v2"])
     else:
         settings["do_lower_case"] = identity.get("lowercase", True)
     path = os.path.join(output, "tokenizer_config.json")
@@ -816,14 +1183,21 @@ def _hf_params(
     """Our params and optional groups from an HF folder's tensors, laid out as `fmt`."""
     # Models with heads prefix the encoder ("bert."), the bare model (BertModel) does not.
     base = fmt.hf_base if any(k.startswith(fmt.hf_base) for k in tensors) else ""
-    spec = expand(fmt, "hf", config.num_layers, hf_base=base)
+    stored, tensors = tensors, _current_names(fmt, tensors, where)
+    # Arrays the file may lack (DeBERTa's position table) are left out of the tree then.
+    optional = _optional_arrays(fmt, config)
+    spec = [
+        p
+        for p in expand(fmt, "hf", config.num_layers, hf_base=base)
+        if p.ours not in optional or p.theirs in tensors
+    ]
     params, groups, used = build_params(
         spec, tensors.__getitem__, set(tensors), config, where, "tensor", "config.json"
     )
-    for copy, original in fmt.hf_tied.items():
+    for copy, original in fmt.hf_tied.items():  # under the stored names (tied copies keep theirs)
         original = original.format(base=base)
-        if copy in tensors:
-            if original in tensors and not np.array_equal(tensors[copy], tensors[original]):
+        if copy in stored:
+            if original in stored and not np.array_equal(stored[copy], stored[original]):
                 raise ConversionError(
                     f"{where}: {copy} differs from {original}: untied MLM decoders are not supported "
                     "(our decoder is the word embedding matrix)"
@@ -838,6 +1212,19 @@ def _hf_params(
             ", ".join(ignored[:6]),
         )
     return params, groups
+
+
+def _current_names(fmt: ModelFormat, tensors: Mapping[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """`tensors` with older names (`fmt.hf_renamed`) replaced by the table's."""
+    renamed = {}
+    for name, array in tensors.items():
+        current = next((new + name[len(old) :] for old, new in fmt.hf_renamed if name.startswith(old)), name)
+        if current in renamed:
+            raise ConversionError(
+                f"{where}: holds '{current}' twice, under that name and an older one: which is the model's?"
+            )
+        renamed[current] = array
+    return renamed
 
 
 # An HF config.json without model_type is read as BERT only when it has the keys of
@@ -1019,10 +1406,18 @@ def hf_model_files(
         log.warning("the sentence head has no %s counterpart in transformers: not exported", fmt.model_type)
         groups.discard("sentence_head")
         known |= {k for k in flat if k[0] == "sentence_head"}
+    if fmt in DEBERTA_FORMATS:
+        flat = _deberta_exported(config, flat, groups)
     unknown = sorted("/".join(k) for k in flat if k not in known)
     if unknown:
         raise ConversionError(f"parameters with no HF {fmt.model_type} name: {unknown[:5]}")
-    tensors = {p.theirs: p.to_theirs(np.asarray(flat[p.ours])) for p in spec if p.ours in flat}
+    tensors: dict[str, np.ndarray] = {}
+    for p in (p for p in spec if p.ours in flat):  # DeBERTa v1's in_proj: three parts, one tensor
+        tensors[p.theirs] = p.to_theirs(np.asarray(flat[p.ours]), tensors.get(p.theirs))
+    if fmt in DEBERTA_FORMATS and config.factorized_embedding:
+        # The legacy=False head's dense is H -> H: with E != H only the legacy=True head
+        # (`_DEBERTA_LEGACY_HEAD`) holds ours (config.json says legacy: true).
+        tensors = {_legacy_name(fmt, name): array for name, array in tensors.items()}
     if fmt is ROBERTA and config.position_offset != pad_id + 1:
         raise ConversionError(
             f"position_offset={config.position_offset} but HF RoBERTa numbers positions from "
@@ -1050,9 +1445,35 @@ def hf_model_files(
         hf_config.update(embedding_size=config.embedding_width, num_hidden_groups=1, inner_group_num=1)
     elif fmt.model_type == "electra":  # ElectraConfig has learned absolute positions only
         hf_config["embedding_size"] = config.embedding_width
+    elif fmt in DEBERTA_FORMATS:
+        hf_config.update(_deberta_hf_config(config, groups))
     else:
         hf_config["position_embedding_type"] = "absolute"
     return hf_config, tensors
+
+
+def _deberta_exported(
+    config: EncoderConfig, flat: dict[tuple[str, ...], Any], groups: set[str]
+) -> dict[tuple[str, ...], Any]:
+    """The arrays of a DeBERTa tree as exported: refuses a pooler (transformers' DeBERTa models
+    have none). The absolute position table of a pretraining tree (the enhanced mask
+    decoder's) is written as the original's checkpoints hold it: transformers ignores it
+    without position_biased_input, and an import reads it back."""
+    if "pooler" in groups:
+        raise ConversionError(
+            "has a pooler (EncoderConfig.pooler): transformers' DeBERTa models have none (its "
+            "ContextPooler belongs to the classification models): use a config with pooler = False"
+        )
+    return flat
+
+
+def _legacy_name(fmt: ModelFormat, name: str) -> str:
+    """An HF name under its older form (`fmt.hf_renamed`), if it has one."""
+    matches = [(old, new) for old, new in fmt.hf_renamed if name.startswith(new)]
+    if not matches:
+        return name
+    old, new = max(matches, key=lambda pair: len(pair[1]))  # the most specific
+    return old + name[len(new) :]
 
 
 def write_hf_model(
@@ -1077,7 +1498,9 @@ def write_hf_model(
 def export_hf(workdir: str, output: str, step: int | None = None, generator_output: str | None = None) -> str:
     """Writes config.json, model.safetensors and tokenizer files of `workdir` to `output`;
     of an ELECTRA workdir's generator, with `generator_output`, also to that folder (an
-    ElectraForMaskedLM with its copy of the shared embeddings).
+    ElectraForMaskedLM with its copy of the shared embeddings); likewise DeBERTa-v3's
+    generator (models/deberta_rtd.py: a DebertaV2ForMaskedLM with its own tables, which the
+    discriminator's, `encoder`, shares through GDES, folded by load_pretrained).
 
     Returns the HF class written into `output`'s config.json: the one with exactly the
     workdir's heads (e.g. BertForPreTraining with MLM + NSP, BertForMaskedLM with only MLM,
@@ -1087,14 +1510,16 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
     """
     pretrained = pretrained_lib.load_pretrained(workdir, step)
     config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
+    family = "ELECTRA" if config.disentangled is None else "DeBERTa-v3"
     try:
         if generator_output is not None:
             if "generator" not in params:
-                raise ConversionError("has no ELECTRA generator to write to --generator_to")
-            _check_generator_activation(config)
+                raise ConversionError(f"has no {family} generator to write to --generator_to")
+            if config.disentangled is None:
+                _check_generator_activation(config)
         elif "generator" in params:
             log.warning(
-                "'%s': the ELECTRA generator is not exported: pass --generator_to=hf:DIR for it", workdir
+                "'%s': the %s generator is not exported: pass --generator_to=hf:DIR for it", workdir, family
             )
         for part, what in NOT_EXPORTED.items():
             if part in params:
@@ -1105,11 +1530,33 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
         architecture = write_hf_model(output, config, model, tokenizer.pad_id)
         if generator_output is not None:
             write_hf_tokenizer(tokenizer, config, generator_output)
-            generator_config, generator = pretrained_lib.electra_generator(config, params)
-            write_hf_model(generator_output, generator_config, generator, tokenizer.pad_id, ELECTRA_GENERATOR)
+            if config.disentangled is None:
+                generator_config, generator = pretrained_lib.electra_generator(config, params)
+                write_hf_model(
+                    generator_output, generator_config, generator, tokenizer.pad_id, ELECTRA_GENERATOR
+                )
+            else:
+                generator_config, generator = _deberta_generator(config, params)
+                write_hf_model(generator_output, generator_config, generator, tokenizer.pad_id)
         return architecture
     except ConversionError as e:
         raise ConversionError(f"'{workdir}': {e}") from None
+
+
+def _deberta_generator(config: EncoderConfig, params: Mapping[str, Any]) -> tuple[EncoderConfig, dict]:
+    """DeBERTa-v3's generator as a standalone DeBERTa MLM model: (its config, its tree with
+    `encoder` = `generator`, `mlm_head` = `generator_head`). models/deberta_rtd.py's
+    generator has the discriminator's width and its own depth, read from the tree."""
+    generator = params["generator"]
+    hidden = np.shape(generator["layer_0"]["attention"]["query"]["kernel"])[0]
+    if hidden != config.hidden_size:
+        raise ConversionError(
+            f"the DeBERTa-v3 generator is {hidden} wide, the discriminator {config.hidden_size}: "
+            "only a generator of the discriminator's width (models/deberta_rtd.py) is exported"
+        )
+    layers = sum(1 for name in generator if name.startswith("layer_"))
+    generator_config = dataclasses.replace(config, num_layers=layers, pooler=False)
+    return generator_config, {"encoder": generator, "mlm_head": params["generator_head"]}
 
 
 # --- original TF1 checkpoints (google-research/bert, google-research/albert) -----------
@@ -1204,6 +1651,7 @@ def present_groups(params: Mapping[str, Any]) -> list[str]:
         "sentence_head": "sentence_head" in params,
         "discriminator_head": "discriminator_head" in params,
         "generator": "generator" in params,
+        "rtd_head": "rtd_head" in params,
     }
     return [g for g in OPTIONAL_GROUPS if present[g]]
 
@@ -1270,7 +1718,8 @@ def build_parser():
         "--generator_to",
         dest="generator_target",
         default=None,
-        help="ELECTRA only: hf:DIR, a second folder for the generator (ElectraForMaskedLM); "
+        help="ELECTRA and DeBERTa-v3 only: hf:DIR, a second folder for the generator "
+        "(ElectraForMaskedLM / DebertaV2ForMaskedLM); "
         "without it the generator is not exported",
     )
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
@@ -1300,7 +1749,10 @@ def _run(args) -> None:
         None if args.generator_target is None else _hf_target(args.generator_target, "--generator_to")
     )
     architecture = export_hf(args.workdir, path, args.step, generator_path)
-    generator = "" if generator_path is None else f"; generator -> {generator_path} (ElectraForMaskedLM)"
+    generator = ""
+    if generator_path is not None:  # ElectraForMaskedLM or DebertaV2ForMaskedLM
+        written = _read_json(os.path.join(generator_path, "config.json"), generator_path)
+        generator = f"; generator -> {generator_path} ({written['architectures'][0]})"
     print(f"exported {args.workdir} -> {path} ({architecture}, model.safetensors){generator}")
 
 

@@ -126,6 +126,46 @@ def write_samples(
     return corrupted, masked
 
 
+def encoder_inputs(batch: Mapping[str, jax.Array], deterministic: bool) -> dict:
+    """The encoder's keyword inputs other than the token ids, as both towers take them."""
+    return dict(
+        input_mask=batch["input_mask"],
+        segment_ids=batch["segment_ids"],
+        positions=batch.get("positions"),
+        example_ids=batch.get("example_ids"),
+        deterministic=deterministic,
+    )
+
+
+def replace_tokens(
+    batch: Mapping[str, jax.Array], mlm_logits: jax.Array, key: jax.Array
+) -> dict[str, jax.Array]:
+    """The generator's samples written into the original rows (RTD's corruption step).
+
+    Args:
+      batch: input_ids [B, L], masked_lm_positions [B, P], masked_lm_weights [B, P], optional
+        row_index [B] (default 0..B-1: see `row_keys`).
+      mlm_logits: [B, P, V] float32, the generator's.
+      key: the "sampling" PRNG key.
+    Returns:
+      mlm_logits, samples [B, P] int32, corrupted [B, L] int32 (the discriminator's input),
+      replaced [B, L] bool (its labels: masked and sample != original).
+    """
+    row_index = batch.get("row_index")
+    if row_index is None:
+        row_index = jnp.arange(mlm_logits.shape[0], dtype=jnp.int32)
+    samples = sample_tokens(mlm_logits, key, row_index)
+    corrupted, masked = write_samples(
+        batch["input_ids"], batch["masked_lm_positions"], batch["masked_lm_weights"], samples
+    )
+    return {
+        "mlm_logits": mlm_logits,
+        "samples": samples,
+        "corrupted": corrupted,
+        "replaced": masked & (corrupted != batch["input_ids"]),
+    }
+
+
 class ElectraPretrainingModel(nn.Module):
     """Generator + discriminator sharing the discriminator's embedding block (see the
     module docstring for the tree).
@@ -157,13 +197,7 @@ class ElectraPretrainingModel(nn.Module):
           disc_logits [B, L] float32.
         """
         disc = Encoder(self.config, name="encoder")
-        common = dict(
-            input_mask=batch["input_mask"],
-            segment_ids=batch["segment_ids"],
-            positions=batch.get("positions"),
-            example_ids=batch.get("example_ids"),
-            deterministic=deterministic,
-        )
+        common = encoder_inputs(batch, deterministic)
         shared = disc(batch["generator_input_ids"], embeddings_only=True, **common)
         generated = Encoder(self.generator, name="generator")(
             batch["generator_input_ids"],
@@ -173,17 +207,9 @@ class ElectraPretrainingModel(nn.Module):
         mlm_logits = MaskedLMHead(self.generator, name="generator_head")(
             generated.sequence_output, batch["masked_lm_positions"], shared.word_embeddings
         )
-        row_index = batch.get("row_index")
-        if row_index is None:
-            row_index = jnp.arange(mlm_logits.shape[0], dtype=jnp.int32)
-        samples = sample_tokens(mlm_logits, self.make_rng("sampling"), row_index)
-        corrupted, masked = write_samples(
-            batch["input_ids"], batch["masked_lm_positions"], batch["masked_lm_weights"], samples
+        outputs = replace_tokens(batch, mlm_logits, self.make_rng("sampling"))
+        encoded = disc(outputs.pop("corrupted"), **common)
+        outputs["disc_logits"] = DiscriminatorHead(self.config, name="discriminator_head")(
+            encoded.sequence_output
         )
-        encoded = disc(corrupted, **common)
-        return {
-            "mlm_logits": mlm_logits,
-            "samples": samples,
-            "replaced": masked & (corrupted != batch["input_ids"]),
-            "disc_logits": DiscriminatorHead(self.config, name="discriminator_head")(encoded.sequence_output),
-        }
+        return outputs

@@ -37,7 +37,8 @@ from core import cli
 from core.errors import UserError
 from data import tokenizers
 from models import pretrained as pretrained_lib
-from models.encoder import Encoder, EncoderConfig
+from models.backbone import encoder_module
+from models.encoder import EncoderConfig
 
 
 class EncodeError(UserError):
@@ -54,7 +55,9 @@ def encode_arrays(
 ) -> tuple[jax.Array, jax.Array | None]:
     """The encoder's outputs: ([B, L, H], [B, H] or None without a pooler) float32 for
     [B, L] int32 inputs; no dropout."""
-    out = Encoder(config).apply({"params": params}, input_ids, input_mask, segment_ids, deterministic=True)
+    out = encoder_module(config).apply(
+        {"params": params}, input_ids, input_mask, segment_ids, deterministic=True
+    )
     pooled = None if out.pooled_output is None else out.pooled_output.astype(jnp.float32)
     return out.sequence_output.astype(jnp.float32), pooled
 

@@ -54,6 +54,7 @@ import numpy as np
 from core import axes
 from core.errors import ConfigError
 from models import matmul
+from models.disentangled import DisentangledConfig
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # HF configs' "gelu" is the exact erf form. google-research/bert's modeling.py used erf
@@ -64,7 +65,7 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-CLASSIFIER_HEADS = ("pooler", "roberta", "electra")
+CLASSIFIER_HEADS = ("pooler", "roberta", "electra", "deberta")
 _ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
 _MATMUL_ACCUMULATIONS = ("float32", "compute")
 # Cross-layer parameter sharing (ALBERT, arXiv 1909.11942 Table 4): which sub-blocks
@@ -73,14 +74,14 @@ SHARING_MODES = ("none", "all", "attention", "ffn")
 # What the backward pass may keep from the forward pass of each layer (the rest is
 # recomputed): "none" keeps everything (no remat), "full" keeps only the layer inputs,
 # "dots_saveable" keeps matmul outputs and recomputes the cheap elementwise work.
-_REMAT_POLICIES = {
+REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 # The value jax.nn.dot_product_attention's XLA path gives masked logits, so both
 # attention paths below agree exactly; finite, so fully padded rows give no NaN.
-_MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
+MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 @gin.configurable
@@ -128,12 +129,17 @@ class EncoderConfig:
         (finetune/model.py): "pooler" (BERT, ALBERT: dropout -> dense on the pooled
         output) or "roberta" (fairseq's RobertaClassificationHead: dropout -> dense ->
         tanh -> dropout -> dense on the first token) or "electra" (google-research/electra
-        classification_tasks.py: dropout -> dense on the first token's hidden state).
+        classification_tasks.py: dropout -> dense on the first token's hidden state) or
+        "deberta" (the original's ContextPooler: dense -> GELU on the first token ->
+        dropout -> dense).
       vocab_pad_multiple: the word table and the MLM output bias get `padded_vocab_size`
         rows, vocab_size rounded up to this multiple (128 for TPU lanes / GPU tiles; 1 =
         none), so the [P, E] x [E, V] decoder matmul runs on aligned shapes. The extra
         rows are never looked up and their logits are sliced off, so outputs and loss
         are those of the unpadded model; exports and imports drop / add them.
+      disentangled: DeBERTa's disentangled attention and its options
+        (models/disentangled.py); None = BERT's absolute positions and attention. Set,
+        `encoder_module` builds models/deberta.py's encoder from this same config.
     """
 
     vocab_size: int = 30522
@@ -160,8 +166,15 @@ class EncoderConfig:
     vocab_pad_multiple: int = 1
     pooler: bool = True
     classifier_head: str = "pooler"
+    disentangled: DisentangledConfig | None = None
 
     def __post_init__(self):
+        if isinstance(self.disentangled, dict):  # as model_config.json stores it
+            known = {field.name for field in dataclasses.fields(DisentangledConfig)}
+            if unknown := sorted(set(self.disentangled) - known):
+                raise ConfigError(f"EncoderConfig.disentangled has fields this code does not know: {unknown}")
+            object.__setattr__(self, "disentangled", DisentangledConfig(**self.disentangled))
+
         def fail(name: str, requirement: str) -> None:
             raise ConfigError(f"EncoderConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
 
@@ -172,11 +185,12 @@ class EncoderConfig:
             "num_heads",
             "intermediate_size",
             "max_position_embeddings",
-            "type_vocab_size",
             "vocab_pad_multiple",
         ):
             if getattr(self, name) < 1:
                 fail(name, ">= 1")
+        if self.type_vocab_size < 0:
+            fail("type_vocab_size", ">= 0 (0 = no token type table)")
         if self.hidden_size % self.num_heads:
             fail("hidden_size", f"divisible by num_heads ({self.num_heads})")
         for name in ("dropout_rate", "attention_dropout_rate"):
@@ -191,8 +205,8 @@ class EncoderConfig:
             fail("attention_implementation", f"one of {_ATTENTION_IMPLEMENTATIONS}")
         if self.matmul_accumulation not in _MATMUL_ACCUMULATIONS:
             fail("matmul_accumulation", f"one of {_MATMUL_ACCUMULATIONS}")
-        if self.remat_policy not in _REMAT_POLICIES:
-            fail("remat_policy", f"one of {sorted(_REMAT_POLICIES)}")
+        if self.remat_policy not in REMAT_POLICIES:
+            fail("remat_policy", f"one of {sorted(REMAT_POLICIES)}")
         if self.embedding_size is not None and self.embedding_size < 1:
             fail("embedding_size", ">= 1 (or None for embedding_size = hidden_size)")
         if self.sharing not in SHARING_MODES:
@@ -206,6 +220,13 @@ class EncoderConfig:
             fail("position_offset", f"in [0, max_position_embeddings={self.max_position_embeddings})")
         if self.classifier_head not in CLASSIFIER_HEADS:
             fail("classifier_head", f"one of {CLASSIFIER_HEADS}")
+        if self.disentangled is not None:
+            for name, bert_only in (("sharing", "none"), ("scan_layers", False), ("position_offset", 0)):
+                if getattr(self, name) != bert_only:
+                    raise ConfigError(
+                        f"EncoderConfig.{name}={getattr(self, name)!r} is not implemented for DeBERTa "
+                        f"(EncoderConfig.disentangled is set): use {bert_only!r}"
+                    )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -279,7 +300,7 @@ def bias_init(names: Sequence[str | None]) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
 
 
-def _real_rows_only(config: EncoderConfig) -> nn.initializers.Initializer:
+def real_rows_init(config: EncoderConfig) -> nn.initializers.Initializer:
     """BERT's truncated normal for the vocab_size real rows of the word table, zeros for the
     padding rows (`vocab_pad_multiple`). Padding rows are never looked up and their logits
     are sliced off, so they get no gradient: zero, they stay zero, and neither weight
@@ -322,7 +343,7 @@ def layer_norm(config: EncoderConfig, axis: str = axes.EMBED, *, name: str | Non
     )
 
 
-def _add_and_normalize(
+def add_and_normalize(
     config: EncoderConfig, norm: nn.LayerNorm, residual: jax.Array, update: jax.Array
 ) -> jax.Array:
     """Post-LN residual: norm(residual + update), [B, L, H] compute dtype.
@@ -334,7 +355,7 @@ def _add_and_normalize(
     return norm(x).astype(config.compute_dtype)
 
 
-def _constrain_hidden(x: jax.Array) -> jax.Array:
+def constrain_hidden(x: jax.Array) -> jax.Array:
     return nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, axes.EMBED))
 
 
@@ -355,6 +376,45 @@ def attention_mask(input_mask: jax.Array, example_ids: jax.Array | None = None) 
     if example_ids is not None:
         mask = mask & (example_ids[:, None, :, None] == example_ids[:, None, None, :])
     return mask
+
+
+def heads_in(config: EncoderConfig, name: str, *, use_bias: bool = True) -> matmul.Einsum:
+    """A q/k/v projection [B, L, H] -> [B, L, N, D], kernel [H, N, D].
+
+    An Einsum, not nn.DenseGeneral: DenseGeneral initialises a flattened 2-D kernel and
+    reshapes it, which applies our 3-D logical axes to a 2-D array and fails under a mesh.
+    """
+    return matmul.Einsum(
+        (config.hidden_size, config.num_heads, config.head_dim),
+        "blh,hnd->blnd",
+        dtype=config.compute_dtype,
+        accumulate_f32=config.accumulate_f32,
+        param_dtype=config.storage_dtype,
+        kernel_init=kernel_init(config, (axes.EMBED, axes.HEADS, axes.KV)),
+        bias_init=bias_init((axes.HEADS, axes.KV)),
+        use_bias=use_bias,
+        name=name,
+    )
+
+
+def heads_out(config: EncoderConfig) -> matmul.Einsum:
+    """The attention output projection [B, L, N, D] -> [B, L, H] (kernel [N, D, H]), `output`."""
+    return matmul.Einsum(
+        (config.num_heads, config.head_dim, config.hidden_size),
+        "blnd,ndh->blh",
+        dtype=config.compute_dtype,
+        accumulate_f32=config.accumulate_f32,
+        param_dtype=config.storage_dtype,
+        kernel_init=kernel_init(config, (axes.HEADS, axes.KV, axes.EMBED)),
+        bias_init=bias_init((axes.EMBED,)),
+        name="output",
+    )
+
+
+def drop_probabilities(probs: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
+    """Inverted dropout on attention probabilities (any shape, float32)."""
+    keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
+    return jnp.where(keep, probs / (1.0 - rate), 0.0)
 
 
 def explicit_attention(
@@ -386,10 +446,9 @@ def explicit_attention(
     scale = jnp.float32(1.0 / np.sqrt(query.shape[-1]))
     dot = functools.partial(matmul.einsum, dtype=value.dtype, accumulate_f32=accumulate_f32)
     logits = dot("btnd,bsnd->bnts", query, key).astype(jnp.float32) * scale
-    probs = jax.nn.softmax(jnp.where(mask, logits, _MASKED_LOGIT), axis=-1)
+    probs = jax.nn.softmax(jnp.where(mask, logits, MASKED_LOGIT), axis=-1)
     if dropout_rng is not None and dropout_rate > 0.0:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+        probs = drop_probabilities(probs, dropout_rate, dropout_rng)
     return dot("bnts,bsnd->btnd", probs, value).astype(value.dtype)
 
 
@@ -404,21 +463,8 @@ class SelfAttention(nn.Module):
         cfg = self.config
         heads_axes = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV)
 
-        # nn.Einsum, not nn.DenseGeneral: DenseGeneral initialises a flattened 2-D
-        # kernel and reshapes it, which applies our 3-D logical axes to a 2-D array
-        # and fails under a mesh.
         def project(name: str) -> jax.Array:
-            y = matmul.Einsum(
-                (cfg.hidden_size, cfg.num_heads, cfg.head_dim),
-                "blh,hnd->blnd",
-                dtype=cfg.compute_dtype,
-                accumulate_f32=cfg.accumulate_f32,
-                param_dtype=cfg.storage_dtype,
-                kernel_init=kernel_init(cfg, (axes.EMBED, axes.HEADS, axes.KV)),
-                bias_init=bias_init((axes.HEADS, axes.KV)),
-                name=name,
-            )(x)
-            return nn.with_logical_constraint(y, heads_axes)
+            return nn.with_logical_constraint(heads_in(cfg, name)(x), heads_axes)
 
         query, key, value = project("query"), project("key"), project("value")
         if deterministic or cfg.attention_dropout_rate == 0.0:
@@ -440,16 +486,7 @@ class SelfAttention(nn.Module):
                 accumulate_f32=cfg.accumulate_f32,
             )
         context = nn.with_logical_constraint(context, heads_axes)
-        return matmul.Einsum(
-            (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
-            "blnd,ndh->blh",
-            dtype=cfg.compute_dtype,
-            accumulate_f32=cfg.accumulate_f32,
-            param_dtype=cfg.storage_dtype,
-            kernel_init=kernel_init(cfg, (axes.HEADS, axes.KV, axes.EMBED)),
-            bias_init=bias_init((axes.EMBED,)),
-            name="output",
-        )(context)
+        return heads_out(cfg)(context)
 
 
 # --- embeddings, layers, encoder -------------------------------------------------
@@ -491,14 +528,14 @@ class Embeddings(nn.Module):
             cfg.embedding_width,
             dtype=jnp.float32,
             param_dtype=cfg.storage_dtype,
-            embedding_init=nn.with_logical_partitioning(_real_rows_only(cfg), (axes.VOCAB, width_axis)),
+            embedding_init=nn.with_logical_partitioning(real_rows_init(cfg), (axes.VOCAB, width_axis)),
             name="word_embeddings",
         )
-        x = (
-            word_embeddings(input_ids)
-            + table(cfg.max_position_embeddings, None, "position_embeddings")(positions + cfg.position_offset)
-            + table(cfg.type_vocab_size, None, "token_type_embeddings")(segment_ids)
+        x = word_embeddings(input_ids) + table(cfg.max_position_embeddings, None, "position_embeddings")(
+            positions + cfg.position_offset
         )
+        if cfg.type_vocab_size:
+            x = x + table(cfg.type_vocab_size, None, "token_type_embeddings")(segment_ids)
         x = layer_norm(cfg, width_axis, name="layer_norm")(x).astype(cfg.compute_dtype)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, width_axis)), word_embeddings.embedding
@@ -529,14 +566,14 @@ class TransformerLayer(nn.Module):
         """The attention block. x: [B, L, H] compute dtype; mask: from `attention_mask`."""
         attended = self.attention(x, mask, deterministic=deterministic)
         attended = self.dropout(attended, deterministic=deterministic)
-        return _constrain_hidden(_add_and_normalize(self.config, self.attention_layer_norm, x, attended))
+        return constrain_hidden(add_and_normalize(self.config, self.attention_layer_norm, x, attended))
 
     def feed_forward(self, x: jax.Array, deterministic: bool) -> jax.Array:
         """The FFN block. x: [B, L, H] compute dtype."""
         h = self.intermediate(x)
         h = nn.with_logical_constraint(self.config.activation(h), (axes.BATCH, axes.LENGTH, axes.MLP))
         h = self.dropout(self.output(h), deterministic=deterministic)
-        return _constrain_hidden(_add_and_normalize(self.config, self.output_layer_norm, x, h))
+        return constrain_hidden(add_and_normalize(self.config, self.output_layer_norm, x, h))
 
     def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
         """x: [B, L, H] compute dtype; mask: from `attention_mask`. Returns [B, L, H] compute dtype.
@@ -573,11 +610,17 @@ class EncoderOutput:
         config has no pooler.
       word_embeddings: [padded V, E] param dtype, the token table (the tied MLM
         decoder; `config.padded_vocab_size` rows).
+      masked_states: [B, P, H] compute dtype, DeBERTa's enhanced mask decoder output at
+        the requested positions (models/deberta.py); None otherwise.
+      position_embeddings: [max positions, E] param dtype, DeBERTa's absolute position
+        table when it has one (GDES shares it); None otherwise.
     """
 
     sequence_output: jax.Array
     pooled_output: jax.Array | None
     word_embeddings: jax.Array
+    masked_states: jax.Array | None = None
+    position_embeddings: jax.Array | None = None
 
 
 class Encoder(nn.Module):
@@ -631,14 +674,14 @@ class Encoder(nn.Module):
             # modeling.py) applies it only when E != H; HF's AlbertTransformer always has it.
             # We follow the original, so E = H (the E = 768 ablation arm) is plain BERT.
             x = dense(cfg, cfg.hidden_size, (axes.FACTORIZED, axes.EMBED), name="embedding_projection")(x)
-            x = _constrain_hidden(x)
+            x = constrain_hidden(x)
         mask = attention_mask(input_mask, example_ids)
 
         whole_layer, attention_block, ffn_block = _whole_layer, _attention_block, _ffn_block
         if cfg.remat_policy != "none":
             # The last argument (deterministic) is a Python bool: static. Flax counts the
             # module argument in static_argnums.
-            policy = _REMAT_POLICIES[cfg.remat_policy]
+            policy = REMAT_POLICIES[cfg.remat_policy]
             whole_layer = nn.remat(_whole_layer, policy=policy, static_argnums=(3,))
             attention_block = nn.remat(_attention_block, policy=policy, static_argnums=(3,))
             ffn_block = nn.remat(_ffn_block, policy=policy, static_argnums=(2,))
@@ -694,6 +737,6 @@ class Encoder(nn.Module):
             return layer.apply({"params": layer_params}, x, mask, deterministic, rngs=rngs), None
 
         if cfg.remat_policy != "none":
-            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat_policy])
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat_policy])
         x, _ = jax.lax.scan(body, x, xs)
         return x

@@ -36,19 +36,23 @@ class MaskedLMHead(nn.Module):
 
     @nn.compact
     def __call__(
-        self, sequence_output: jax.Array, masked_lm_positions: jax.Array, word_embeddings: jax.Array
+        self, sequence_output: jax.Array, masked_lm_positions: jax.Array | None, word_embeddings: jax.Array
     ) -> jax.Array:
         """Logits over the vocabulary at the masked positions.
 
         Args:
-          sequence_output: [B, L, H] compute dtype, the encoder's last hidden states.
-          masked_lm_positions: [B, P] int32 indices into L.
+          sequence_output: [B, L, H] compute dtype, the encoder's last hidden states; or
+            [B, P, H], the states at the masked positions already (DeBERTa's enhanced
+            mask decoder), when masked_lm_positions is None.
+          masked_lm_positions: [B, P] int32 indices into L, or None.
           word_embeddings: [padded V, E] the token embedding table (decoder tied to it).
         Returns:
           [B, P, V] float32 logits (the padding rows' logits are computed, then dropped).
         """
         cfg = self.config
-        x = jnp.take_along_axis(sequence_output, masked_lm_positions[:, :, None], axis=1)
+        x = sequence_output
+        if masked_lm_positions is not None:
+            x = jnp.take_along_axis(sequence_output, masked_lm_positions[:, :, None], axis=1)
         x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
         # E = H: the square transform's output is labelled `mlp` like any H -> H projection.
         out_axis = axes.FACTORIZED if cfg.factorized_embedding else axes.MLP

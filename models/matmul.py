@@ -114,15 +114,17 @@ def einsum(
 
 
 class _BiasedMatmul(nn.Module):
-    """What Dense and Einsum share: a kernel and a bias in `param_dtype`, `einsum`, the
-    bias added in float32 before the cast to `dtype` (keyword-only fields, so that the
-    subclasses' own fields can come first)."""
+    """What Dense and Einsum share: a kernel and (unless `use_bias` is False) a bias in
+    `param_dtype`, `einsum`, the bias added in float32 before the cast to `dtype`
+    (keyword-only fields, so that the subclasses' own fields can come first)."""
 
     dtype: jnp.dtype = dataclasses.field(default=jnp.float32, kw_only=True)
     param_dtype: jnp.dtype = dataclasses.field(default=jnp.float32, kw_only=True)
     kernel_init: Callable = dataclasses.field(default=nn.initializers.lecun_normal(), kw_only=True)
     bias_init: Callable = dataclasses.field(default=nn.initializers.zeros_init(), kw_only=True)
     accumulate_f32: bool = dataclasses.field(default=True, kw_only=True)
+    #: False: no bias parameter (DeBERTa's bias-free projections).
+    use_bias: bool = dataclasses.field(default=True, kw_only=True)
 
     def _product(self, spec: str, inputs: jax.Array, kernel_shape: tuple[int, ...]) -> jax.Array:
         """einsum(spec, inputs, kernel) + bias, in `dtype`. The bias covers the output
@@ -130,6 +132,8 @@ class _BiasedMatmul(nn.Module):
         nn.Einsum's bias)."""
         kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)
         y = einsum(spec, inputs, kernel, self.dtype, accumulate_f32=self.accumulate_f32)
+        if not self.use_bias:
+            return y.astype(self.dtype)
         _, kernel_spec, out_spec = _check_spec(spec)
         kernel_out = [index for index in out_spec if index in kernel_spec]
         if out_spec[-len(kernel_out) :] != "".join(kernel_out):

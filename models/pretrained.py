@@ -24,6 +24,7 @@ from flax import traverse_util
 from core import workdir as workdir_lib
 from core.workdir import TOKENIZER_DIR, WorkdirError
 from data import shards, tokenizers
+from models.deberta_rtd import fold_gdes
 from models.encoder import EncoderConfig
 from models.pretraining import VOCAB_ROWS, resize_vocab_rows
 
@@ -83,12 +84,23 @@ def load_pretrained(workdir: str, step: int | None = None) -> Pretrained:
             f"no {TOKENIZER_DIR}/ in '{workdir}': the workdir was not written by pretrain.train"
         )
     tokenizer = tokenizers.load_tokenizer(tokenizer_dir)
-    if tokenizer.vocab_size != config.vocab_size:
+    if not vocab_fits(tokenizer, config.vocab_size):
         raise WorkdirError(
             f"'{workdir}': tokenizer has {tokenizer.vocab_size} entries but the model {config.vocab_size}"
         )
     params, step = workdir_lib.load_params(workdir, step)
-    return Pretrained(config=config, params=params, tokenizer=tokenizer, step=step)
+    # A DeBERTa-v3 workdir's discriminator holds a GDES delta: every reader gets the plain
+    # encoder tree (its word table = the generator's + the delta).
+    return Pretrained(config=config, params=fold_gdes(params), tokenizer=tokenizer, step=step)
+
+
+def vocab_fits(tokenizer: tokenizers.Tokenizer, vocab_size: int) -> bool:
+    """Whether a tokenizer belongs to a model with `vocab_size` rows: the same size, or for
+    DeBERTa's tokenizers no more (the published DeBERTa-v2/v3 tables have 128100 rows for
+    128001 tokens: spare rows that no id reaches)."""
+    if tokenizer.identity()["kind"] in tokenizers.DEBERTA_KINDS:
+        return tokenizer.vocab_size <= vocab_size
+    return tokenizer.vocab_size == vocab_size
 
 
 def electra_generator(

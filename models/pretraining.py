@@ -17,7 +17,9 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from models.encoder import Encoder, EncoderConfig
+from core.errors import ConfigError
+from models.backbone import encoder_module
+from models.encoder import EncoderConfig
 from models.heads import MaskedLMHead, SentenceHead, SpanBoundaryHead
 
 
@@ -31,6 +33,9 @@ class BertPretrainingModel(nn.Module):
     #: SpanBERT's span boundary head: 0 = none, else its targets per span (15); the batch
     #: then has sbo_left, sbo_right, sbo_offset [B, P].
     sbo_max_targets: int = 0
+    #: DeBERTa (EncoderConfig.disentangled): the MLM head reads the enhanced mask decoder's
+    #: states at the masked positions (models/deberta.py) instead of the last layer's.
+    enhanced_mask_decoder: bool = False
 
     @nn.compact
     def __call__(self, batch: Mapping[str, jax.Array], *, deterministic: bool) -> dict[str, jax.Array]:
@@ -50,19 +55,28 @@ class BertPretrainingModel(nn.Module):
         # The sentence head reads the pooler: built whenever there is one, also for a model
         # without a pooler of its own (RoBERTa's model files, in the NSP arms of its grid).
         config = dataclasses.replace(self.config, pooler=True) if self.sentence_head else self.config
-        encoded = Encoder(config, name="encoder")(
+        extra = {}
+        if self.enhanced_mask_decoder:
+            if config.disentangled is None:
+                raise ConfigError("the enhanced mask decoder is DeBERTa's: set EncoderConfig.disentangled")
+            extra["emd_positions"] = batch["masked_lm_positions"]
+        encoded = encoder_module(config, name="encoder")(
             batch["input_ids"],
             batch["input_mask"],
             batch["segment_ids"],
             positions=batch.get("positions"),
             example_ids=batch.get("example_ids"),
             deterministic=deterministic,
+            **extra,
         )
-        logits = {
-            "mlm_logits": MaskedLMHead(self.config, name="mlm_head")(
+        mlm_head = MaskedLMHead(self.config, name="mlm_head")
+        if self.enhanced_mask_decoder:
+            mlm_logits = mlm_head(encoded.masked_states, None, encoded.word_embeddings)
+        else:
+            mlm_logits = mlm_head(
                 encoded.sequence_output, batch["masked_lm_positions"], encoded.word_embeddings
             )
-        }
+        logits = {"mlm_logits": mlm_logits}
         if self.sentence_head:
             logits["sentence_logits"] = SentenceHead(self.config, name="sentence_head")(encoded.pooled_output)
         if self.sbo_max_targets:
@@ -87,9 +101,13 @@ def example_batch(batch_size: int, seq_len: int, num_predictions: int) -> dict[s
     }
 
 
-def abstract_params(config: EncoderConfig, sentence_head: bool = True) -> Any:
+def abstract_params(
+    config: EncoderConfig, sentence_head: bool = True, enhanced_mask_decoder: bool = False
+) -> Any:
     """The parameter tree as ShapeDtypeStructs in nn.Partitioned boxes; allocates nothing."""
-    model = BertPretrainingModel(config, sentence_head=sentence_head)
+    model = BertPretrainingModel(
+        config, sentence_head=sentence_head, enhanced_mask_decoder=enhanced_mask_decoder
+    )
     variables = jax.eval_shape(
         lambda rng: model.init(rng, example_batch(1, 1, 1), deterministic=True), jax.random.key(0)
     )

@@ -2,8 +2,9 @@
 
 `make_objective` is the one place a run, a benchmark or pretrain.summary gets its
 objective from: a recipe chooses it with `make_objective.objective = @MaskedLM` (the
-default), `@ElectraRTD` (configs/recipes/electra.gin) or `@SpanBoundary`
-(configs/recipes/spanbert.gin). Importing the package registers
+default), `@ElectraRTD` (configs/recipes/electra.gin), `@SpanBoundary`
+(configs/recipes/spanbert.gin), `@DebertaMLM` (configs/recipes/deberta.gin) or `@DebertaRTD`
+(configs/recipes/deberta_v3.gin). Importing the package registers
 every objective with gin.
 """
 
@@ -16,11 +17,20 @@ import gin
 from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
 from pretrain.objectives.base import Objective
+from pretrain.objectives.deberta import DebertaMLM, DebertaRTD
 from pretrain.objectives.electra import ElectraRTD
 from pretrain.objectives.masked_lm import MaskedLM
 from pretrain.objectives.span_boundary import SpanBoundary
 
-__all__ = ["ElectraRTD", "MaskedLM", "Objective", "SpanBoundary", "make_objective"]
+__all__ = [
+    "DebertaMLM",
+    "DebertaRTD",
+    "ElectraRTD",
+    "MaskedLM",
+    "Objective",
+    "SpanBoundary",
+    "make_objective",
+]
 
 
 @gin.configurable

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
@@ -67,9 +68,16 @@ def mask_counts(
 
 
 def mask_rows(
-    batch: Batch, key: jax.Array, *, mask_prob: float, num_predictions: int
+    batch: Batch,
+    key: jax.Array,
+    *,
+    mask_prob: float,
+    num_predictions: int,
+    mask_token_prob: float = MASK_TOKEN_PROB,
 ) -> dict[str, jax.Array]:
-    """Chooses and masks positions (module docstring, step 1), each row from its own key.
+    """Chooses and masks positions (module docstring, step 1), each row from its own key;
+    `mask_token_prob` of them show [MASK] (ELECTRA 0.85, DeBERTa-v3 1.0), the rest keep
+    their token.
 
     batch: input_ids, input_mask, maskable [B, L] int32; mask_id [B] int32; row_index [B]
     int32 (the row's place in the global batch). Returns generator_input_ids [B, L] int32,
@@ -90,7 +98,7 @@ def mask_rows(
     _, positions = jax.lax.top_k(jnp.where(batch["maskable"] > 0, noise, -jnp.inf), num_predictions)
     chosen = jnp.arange(num_predictions)[None, :] < count[:, None]
     positions = jnp.where(chosen, positions, 0).astype(jnp.int32)
-    mask_token = chosen & (coin < MASK_TOKEN_PROB)
+    mask_token = chosen & (coin < mask_token_prob)
     rows = jnp.arange(ids.shape[0])[:, None]
     masked_ids = jnp.broadcast_to(batch["mask_id"][:, None], positions.shape).astype(ids.dtype)
     generator_input_ids = ids.at[rows, jnp.where(mask_token, positions, length)].set(masked_ids, mode="drop")
@@ -134,6 +142,8 @@ class ElectraRTD(Objective):
     rng_streams = ("dropout", "masking", "sampling")
     row_streams = ("masking", "sampling")
     headline_metric = "disc_accuracy"
+    #: The share of masked positions that show [MASK] (the rest keep their token).
+    mask_token_prob = MASK_TOKEN_PROB
 
     def __init__(
         self,
@@ -158,14 +168,23 @@ class ElectraRTD(Objective):
                 "EncoderConfig.classifier_head = 'electra' (configs/models/electra_*.gin)"
             )
         self.model_config = model_config
-        self.generator_config = generator_config(model_config, generator_hidden_ratio)
+        self.generator_hidden_ratio = generator_hidden_ratio
+        self.generator_config = self.make_generator_config()
         self.mask_prob = pipeline_config.masked_lm_prob
         self.packed = pipeline_config.packed
         self.disc_weight = disc_weight
-        self._module = ElectraPretrainingModel(model_config, self.generator_config)
+        self._module = self.make_module()
+
+    def make_generator_config(self) -> EncoderConfig:
+        """The generator's encoder (built once, by __init__; a subclass's own shape goes here)."""
+        return generator_config(self.model_config, self.generator_hidden_ratio)
+
+    def make_module(self) -> nn.Module:
+        """The module trained (built once, by __init__, after `make_generator_config`)."""
+        return ElectraPretrainingModel(self.model_config, self.generator_config)
 
     @property
-    def module(self) -> ElectraPretrainingModel:
+    def module(self) -> nn.Module:
         return self._module
 
     def batch_spec(
@@ -205,6 +224,7 @@ class ElectraRTD(Objective):
             rngs["masking"],
             mask_prob=self.mask_prob,
             num_predictions=self.num_predictions(batch["input_ids"].shape[1]),
+            mask_token_prob=self.mask_token_prob,
         )
         module_rngs = {"sampling": rngs["sampling"]}
         if train:

@@ -1,0 +1,179 @@
+"""DeBERTa's GLUE fine-tuning: the "deberta" head (the original's ContextPooler: dense -> GELU
+on the first token, then dropout and the classifier), and `python -m finetune.glue` on the
+offline demo task from DeBERTa workdirs as pretraining writes them: v1/v2 (MLM with the
+enhanced mask decoder: the encoder has the absolute position table fine-tuning leaves out)
+and v3 (RTD: the discriminator's word table is a GDES delta on the generator's)."""
+
+import dataclasses
+import json
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from data import tokenizers
+from data.pipeline import PipelineConfig
+from finetune import demo_task, glue
+from finetune.model import ClassifierModel
+from finetune.tasks import TASKS, read_glue_dir
+from models import pretrained as pretrained_lib
+from models.deberta_rtd import fold_gdes
+from models.disentangled import DisentangledConfig
+from models.encoder import EncoderConfig
+from pretrain.objectives import DebertaMLM, DebertaRTD
+from tests import cli_run, jitted
+
+CONFIG = EncoderConfig(
+    vocab_size=60,
+    hidden_size=32,
+    num_layers=4,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    type_vocab_size=0,
+    layer_norm_eps=1e-7,
+    pooler=False,
+    classifier_head="deberta",
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    disentangled=DisentangledConfig(position_buckets=8, max_relative_positions=32),
+)
+
+
+def test_deberta_head_is_dense_gelu_then_classifier_on_the_first_token():
+    rs = np.random.RandomState(0)
+    batch = {
+        "input_ids": rs.randint(5, 60, (3, 12)).astype(np.int32),
+        "input_mask": np.ones((3, 12), np.int32),
+        "segment_ids": np.zeros((3, 12), np.int32),
+    }
+    model = ClassifierModel(CONFIG, num_outputs=3)
+    params = nn.meta.unbox(jitted.init(model, jax.random.key(0), batch, deterministic=True)["params"])
+    assert set(params) == {"encoder", "classifier_dense", "classifier"}
+    assert "position_embeddings" not in params["encoder"]["embeddings"]
+    logits = model.apply({"params": params}, batch, deterministic=True)
+    from models.backbone import encoder_module
+
+    first = (
+        encoder_module(CONFIG)
+        .apply(
+            {"params": params["encoder"]},
+            batch["input_ids"],
+            batch["input_mask"],
+            batch["segment_ids"],
+            deterministic=True,
+        )
+        .sequence_output[:, 0]
+    )
+    dense = params["classifier_dense"]
+    hidden = jax.nn.gelu(first @ dense["kernel"] + dense["bias"], approximate=False)
+    expected = hidden @ params["classifier"]["kernel"] + params["classifier"]["bias"]
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+
+
+def _pretraining_tree(objective) -> dict:
+    return jax.device_get(nn.meta.unbox(objective.init(jax.random.key(0))))
+
+
+def _glue_on_the_demo_task(workdir, glue_dir, out, capsys):
+    """`python -m finetune.glue` from `workdir` on the demo task: one seed, one epoch."""
+    result = cli_run.run(
+        glue.main,
+        [
+            f"--init_checkpoint={workdir}",
+            "--tasks=word_order",
+            f"--glue_dir={glue_dir}",
+            f"--workdir={out}",
+            "--gin_bindings=Grid.seeds = (0,)",
+            "--gin_bindings=Grid.num_epochs = (1,)",
+            "--gin_bindings=Grid.batch_sizes = (16,)",
+            "--gin_bindings=Grid.learning_rates = (1e-4,)",
+            "--gin_bindings=Grid.max_seq_length = 32",
+        ],
+        capsys,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    entry = json.loads((out / "results.json").read_text())["tasks"]["word_order"]
+    assert 0.0 <= entry["metrics"]["dev"]["accuracy"] <= 1.0
+
+
+@pytest.mark.slow(40)
+@pytest.mark.parametrize("family", ["mlm", "rtd"])
+def test_glue_on_the_demo_task_from_a_deberta_workdir(tmp_path, capsys, family):
+    glue_dir = str(tmp_path / "glue")
+    demo_task.make_task(glue_dir, train=64, dev=32, test=16)
+    sentences = [example.text_a for example in read_glue_dir(glue_dir, TASKS["word_order"]).train]
+    tokenizer = tokenizers.train_wordpiece([sentences], 300)
+    config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size)
+    data = PipelineConfig(max_seq_length=32, sentence_objective="none")
+    if family == "mlm":
+        tree = _pretraining_tree(DebertaMLM(config, data))
+        assert "position_embeddings" in tree["encoder"]["embeddings"]
+    else:
+        tree = _pretraining_tree(DebertaRTD(config, dataclasses.replace(data, masking="in_step")))
+        delta = tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"]
+        tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"] = delta + 0.5
+    workdir = str(tmp_path / "deberta")
+    pretrained_lib.save_pretrained(workdir, config, tree, tokenizer, step=5)
+    loaded = pretrained_lib.load_pretrained(workdir)
+    np.testing.assert_array_equal(
+        loaded.params["encoder"]["embeddings"]["word_embeddings"]["embedding"],
+        fold_gdes(tree)["encoder"]["embeddings"]["word_embeddings"]["embedding"],
+    )
+    _glue_on_the_demo_task(workdir, glue_dir, tmp_path / "out", capsys)
+
+
+@pytest.mark.slow(40)
+def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
+    """A transformers DebertaV2ForMaskedLM folder laid out as the published DeBERTa-v3 ones
+    (an spm.model with [MASK] appended, more embedding rows than tokens, legacy=False head)
+    -> `models.convert import` -> `finetune.glue` on the demo task through the ContextPooler
+    head; the imported workdir's config is DeBERTa-v3's."""
+    import torch
+    import transformers
+
+    from models import convert
+    from tests.test_deberta_tokenizer import _train_spm
+
+    spm_dir = tmp_path / "hf"
+    spm_dir.mkdir()
+    (spm_dir / "spm.model").write_bytes(_train_spm(vocab_size=400))
+    tokenizer = tokenizers.load_tokenizer(str(spm_dir / "spm.model"))
+    assert tokenizer.vocab_size == 401 and tokenizer.mask_id == 400
+    torch.manual_seed(0)
+    model = transformers.DebertaV2ForMaskedLM(
+        transformers.DebertaV2Config(
+            vocab_size=tokenizer.vocab_size + 27,  # spare rows, as 128100 for 128001 tokens
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            type_vocab_size=0,
+            relative_attention=True,
+            position_buckets=8,
+            max_relative_positions=-1,
+            pos_att_type="p2c|c2p",
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            position_biased_input=False,
+            layer_norm_eps=1e-7,
+            legacy=False,
+            tie_word_embeddings=False,
+        )
+    )
+    model.save_pretrained(str(spm_dir))
+    convert.write_hf_tokenizer(tokenizer, EncoderConfig(vocab_size=tokenizer.vocab_size + 27), str(spm_dir))
+    workdir = str(tmp_path / "imported")
+    convert.run_import(f"hf:{spm_dir}", workdir)
+    imported = pretrained_lib.load_pretrained(workdir)
+    assert imported.config.disentangled == DisentangledConfig(position_buckets=8, max_relative_positions=-1)
+    assert (
+        imported.config.classifier_head == "deberta"
+        and imported.tokenizer.identity()["kind"] == "deberta_spm"
+    )
+
+    glue_dir = str(tmp_path / "glue")
+    demo_task.make_task(glue_dir, train=64, dev=32, test=16)
+    _glue_on_the_demo_task(workdir, glue_dir, tmp_path / "out", capsys)
