@@ -125,17 +125,17 @@ def relative_terms(*, layers: int, hidden: int, seq: int, span: int, terms: int)
 
 
 def enhanced_mask_decoder(
-    *, hidden: int, intermediate: int, seq: int, predictions: int, span: int, terms: int
+    *, hidden: int, intermediate: int, seq: int, predictions: int, span: int, c2p: bool, p2c: bool
 ) -> float:
     """Forward FLOPs of DeBERTa's enhanced mask decoder, per row: the last layer twice with
-    P query rows over s key rows. Per pass: keys and values 2 * (2 s h h); query and
-    output projections 2 * (2 P h h); FFN 2 * (2 P h f); scores and context 2 * (2 P s h);
-    c2p 2 P 2S h; p2c 2 s 2S h (the position-to-content product covers every key)."""
+    P query rows over the s key rows of that layer's input. Keys and values are the same in
+    both passes (the same weights on the same states): 2 * (2 s h h) once, and the p2c
+    product over every key (2 s 2S h) once. Per pass: query and output projections
+    2 * (2 P h h), FFN 2 * (2 P h f), scores and context 2 * (2 P s h), c2p 2 P 2S h."""
     h, f, s, p, r = hidden, intermediate, seq, predictions, 2 * span
-    c2p = 2 * p * r * h if terms else 0
-    p2c = 2 * s * r * h if terms > 1 else 0
-    one_pass = 4 * s * h * h + 4 * p * h * h + 4 * p * h * f + 4 * p * s * h + c2p + p2c
-    return float(2 * one_pass)
+    shared = 4 * s * h * h + (2 * s * r * h if p2c else 0)
+    one_pass = 4 * p * h * h + 4 * p * h * f + 4 * p * s * h + (2 * p * r * h if c2p else 0)
+    return float(shared + 2 * one_pass)
 
 
 def deberta_pretraining(
@@ -147,21 +147,30 @@ def deberta_pretraining(
     seq: int,
     predictions: int,
     span: int,
-    terms: int,
+    c2p: bool,
+    p2c: bool,
     embedding: int | None = None,
-    emd: bool = True,
+    last_layer_output_used: bool = False,
 ) -> float:
-    """Training FLOPs per row of DeBERTa's MLM: BERT's count (`bert_pretraining`) plus the
-    relative terms of every layer and, with `emd`, the enhanced mask decoder's two passes
-    (its MLM head is BERT's, at the P positions)."""
-    extra = relative_terms(layers=layers, hidden=hidden, seq=seq, span=span, terms=terms)
-    if emd:
-        extra += enhanced_mask_decoder(
-            hidden=hidden, intermediate=intermediate, seq=seq, predictions=predictions, span=span, terms=terms
-        )
+    """Training FLOPs per row of DeBERTa's MLM through the enhanced mask decoder: BERT's count
+    (`bert_pretraining`) with the relative terms in every layer, the decoder's two passes,
+    and, unless `last_layer_output_used` (a sentence head reads the pooler), without the
+    encoder's own last layer, whose output nothing reads (XLA drops it)."""
+    terms = int(c2p) + int(p2c)
+    stack = layers if last_layer_output_used else layers - 1
+    extra = relative_terms(layers=stack, hidden=hidden, seq=seq, span=span, terms=terms)
+    extra += enhanced_mask_decoder(
+        hidden=hidden,
+        intermediate=intermediate,
+        seq=seq,
+        predictions=predictions,
+        span=span,
+        c2p=c2p,
+        p2c=p2c,
+    )
     return training(extra) + bert_pretraining(
         hidden=hidden,
-        layers=layers,
+        layers=stack,
         intermediate=intermediate,
         vocab=vocab,
         seq=seq,

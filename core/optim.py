@@ -105,7 +105,10 @@ def layer_depth(path: tuple[str, ...], num_layers: int) -> int:
     `encoder/embedding_projection/...` are 0, `encoder/layer_{i}/...` is i + 1, and every
     parameter outside `encoder` (`classifier`, `classifier_dense`) is the head. ELECTRA
     has no pooler; BERT's `encoder/pooler` reads the top layer and feeds the head, so it
-    takes num_layers + 1, the one depth ELECTRA leaves unused.
+    takes num_layers + 1, the one depth ELECTRA leaves unused. DeBERTa's relative position
+    table and its LayerNorm (`encoder/rel_*`) are position embeddings that every layer reads:
+    depth 0 with the embeddings; its v2 convolution (`encoder/conv`) belongs to layer 0's
+    output: depth 1.
 
     Cross-layer shared parameters (ALBERT's `encoder/shared_*`) serve every depth at once:
     a ConfigError, as is any other encoder parameter.
@@ -113,8 +116,10 @@ def layer_depth(path: tuple[str, ...], num_layers: int) -> int:
     if path[0] != "encoder":
         return num_layers + 2
     block, name = path[1], "/".join(path)
-    if block in ("embeddings", "embedding_projection"):
+    if block in ("embeddings", "embedding_projection", "rel_embeddings", "rel_layer_norm"):
         return 0
+    if block == "conv":
+        return 1
     layer = _LAYER.fullmatch(block)
     if layer and int(layer[1]) < num_layers:
         return int(layer[1]) + 1

@@ -1,6 +1,9 @@
 """The encoder a config describes: BERT's (models/encoder.py) or DeBERTa's
-(models/deberta.py, when `EncoderConfig.disentangled` is set). Every model that holds an
-encoder builds it here, so a new encoder family is one branch in this function."""
+(models/deberta.py, when `EncoderConfig.disentangled` is set). The models that take either
+(BERT's pretraining model, fine-tuning, feature extraction) build it here. ELECTRA's model
+builds BERT's encoder itself (its generator reads the discriminator's embedding block, which
+DeBERTa's encoder does not offer); its objective refuses a DeBERTa config, whose RTD is
+DeBERTa-v3's (models/deberta_rtd.py)."""
 
 from __future__ import annotations
 

@@ -1536,27 +1536,11 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
                     generator_output, generator_config, generator, tokenizer.pad_id, ELECTRA_GENERATOR
                 )
             else:
-                generator_config, generator = _deberta_generator(config, params)
+                generator_config, generator = pretrained_lib.deberta_generator(config, params)
                 write_hf_model(generator_output, generator_config, generator, tokenizer.pad_id)
         return architecture
     except ConversionError as e:
         raise ConversionError(f"'{workdir}': {e}") from None
-
-
-def _deberta_generator(config: EncoderConfig, params: Mapping[str, Any]) -> tuple[EncoderConfig, dict]:
-    """DeBERTa-v3's generator as a standalone DeBERTa MLM model: (its config, its tree with
-    `encoder` = `generator`, `mlm_head` = `generator_head`). models/deberta_rtd.py's
-    generator has the discriminator's width and its own depth, read from the tree."""
-    generator = params["generator"]
-    hidden = np.shape(generator["layer_0"]["attention"]["query"]["kernel"])[0]
-    if hidden != config.hidden_size:
-        raise ConversionError(
-            f"the DeBERTa-v3 generator is {hidden} wide, the discriminator {config.hidden_size}: "
-            "only a generator of the discriminator's width (models/deberta_rtd.py) is exported"
-        )
-    layers = sum(1 for name in generator if name.startswith("layer_"))
-    generator_config = dataclasses.replace(config, num_layers=layers, pooler=False)
-    return generator_config, {"encoder": generator, "mlm_head": params["generator_head"]}
 
 
 # --- original TF1 checkpoints (google-research/bert, google-research/albert) -----------

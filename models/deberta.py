@@ -16,8 +16,8 @@ Parameter tree of `DebertaEncoder` (HF names in models/convert.py):
     embeddings/token_type_embeddings/embedding            [T, E]: only when T > 0
     embeddings/embedding_projection/kernel                [E, H]: only when E != H (no bias)
     embeddings/layer_norm/{scale, bias}                   [H]
-    embeddings/{word,position}_embeddings_delta/embedding GDES (DeBERTa-v3's discriminator):
-                                   instead of tables of its own (`DebertaEmbeddings`)
+    embeddings/word_embeddings_delta/embedding            GDES (DeBERTa-v3's discriminator):
+                                   instead of a word table of its own (`DebertaEmbeddings`)
     rel_embeddings/embedding                              [2S, H]
     rel_layer_norm/{scale, bias}                          [H]: v2/v3 (norm_rel_ebd)
     conv/{kernel [K, H, H], bias [H]}, conv/layer_norm     v2 xlarge/xxlarge (conv_kernel_size)
@@ -254,47 +254,45 @@ class DebertaEmbeddings(nn.Module):
         *,
         deterministic: bool,
         with_positions: bool,
-        shared_tables: tuple[jax.Array, jax.Array] | None = None,
-    ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
+        shared_word_table: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """Args:
           input_ids, input_mask, segment_ids, positions: [B, L] int32.
           with_positions: build (and return the lookup of) the absolute position table
             even when the input is not position-biased: the EMD reads it.
-          shared_tables: GDES (DeBERTa-v3): another tower's (word [padded V, E], position
-            [max positions, E]) tables; this block then uses stop_gradient(table) + a
-            zero-initialised delta of its own (`word_embeddings_delta`,
-            `position_embeddings_delta`) instead of tables of its own.
+          shared_word_table: GDES (DeBERTa-v3): another tower's word table [padded V, E];
+            this block then uses stop_gradient(it) + a zero-initialised delta of its own
+            (`word_embeddings_delta`) instead of a table of its own.
         Returns:
           embeddings [B, L, H] compute dtype (padding rows exactly 0); the word table
-          [padded V, E] (the tied MLM decoder); the position table [max positions, E] and
-          its raw lookup [B, L, E] float32 (both None unless the table exists).
+          [padded V, E] (the tied MLM decoder); the raw lookup of the absolute position
+          table [B, L, E] float32 (None unless the table exists).
         """
         cfg, opts = self.config, self.config.disentangled
         width_axis = cfg.embedding_axis
-        needs_positions = with_positions or opts.position_biased_input
 
         def table(
             rows: int, first_axis: str | None, init: nn.initializers.Initializer, name: str
         ) -> jax.Array:
-            def embed(init: nn.initializers.Initializer, name: str) -> jax.Array:
-                return nn.Embed(
-                    rows,
-                    cfg.embedding_width,
-                    param_dtype=cfg.storage_dtype,
-                    embedding_init=nn.with_logical_partitioning(init, (first_axis, width_axis)),
-                    name=name,
-                ).embedding
+            return nn.Embed(
+                rows,
+                cfg.embedding_width,
+                param_dtype=cfg.storage_dtype,
+                embedding_init=nn.with_logical_partitioning(init, (first_axis, width_axis)),
+                name=name,
+            ).embedding
 
-            if shared_tables is None:
-                return embed(init, name)
-            shared = shared_tables[0 if name == "word_embeddings" else 1]
-            return jax.lax.stop_gradient(shared) + embed(nn.initializers.zeros_init(), f"{name}_delta")
-
-        normal = nn.initializers.truncated_normal(cfg.initializer_range)
-        word_table = table(cfg.padded_vocab_size, axes.VOCAB, real_rows_init(cfg), "word_embeddings")
+        if shared_word_table is None:
+            word_table = table(cfg.padded_vocab_size, axes.VOCAB, real_rows_init(cfg), "word_embeddings")
+        else:
+            delta = table(
+                cfg.padded_vocab_size, axes.VOCAB, nn.initializers.zeros_init(), "word_embeddings_delta"
+            )
+            word_table = jax.lax.stop_gradient(shared_word_table) + delta
         x = jnp.take(word_table, input_ids, axis=0).astype(jnp.float32)
-        position_table = position_lookup = None
-        if needs_positions:
+        position_lookup = None
+        if with_positions or opts.position_biased_input:
+            normal = nn.initializers.truncated_normal(cfg.initializer_range)
             position_table = table(cfg.max_position_embeddings, None, normal, "position_embeddings")
             position_lookup = jnp.take(position_table, positions, axis=0).astype(jnp.float32)
             if opts.position_biased_input:
@@ -319,7 +317,7 @@ class DebertaEmbeddings(nn.Module):
             )(x)
         x = layer_norm(cfg, name="layer_norm")(x) * input_mask[..., None]
         x = nn.Dropout(cfg.dropout_rate)(x.astype(cfg.compute_dtype), deterministic=deterministic)
-        return constrain_hidden(x), word_table, position_table, position_lookup
+        return constrain_hidden(x), word_table, position_lookup
 
 
 class ConvLayer(nn.Module):
@@ -383,7 +381,7 @@ class DebertaEncoder(nn.Module):
     """Embeddings, the shared relative table, `num_layers` DeBERTa layers (the v2
     convolution after the first), optionally the pooler, and on request the enhanced
     mask decoder. Same call as models/encoder.py's Encoder, plus `emd_positions` and
-    `shared_tables`."""
+    `shared_word_table`."""
 
     config: EncoderConfig
 
@@ -398,7 +396,7 @@ class DebertaEncoder(nn.Module):
         *,
         deterministic: bool,
         emd_positions: jax.Array | None = None,
-        shared_tables: tuple[jax.Array, jax.Array] | None = None,
+        shared_word_table: jax.Array | None = None,
     ) -> EncoderOutput:
         """Encodes a batch.
 
@@ -415,22 +413,22 @@ class DebertaEncoder(nn.Module):
             input (the original runs it only then). Its keys and values are the last
             layer's input: the second-to-last layer's output, or with one layer the
             embeddings (the original needs two layers; one-layer generators are ours).
-          shared_tables: GDES, see `DebertaEmbeddings`.
+          shared_word_table: GDES, see `DebertaEmbeddings`.
         """
         cfg, opts = self.config, self.config.disentangled
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
         emd = emd_positions is not None
         if emd:
-            _check_emd(cfg)
-        x, word_table, position_table, position_lookup = DebertaEmbeddings(cfg, name="embeddings")(
+            check_enhanced_mask_decoder(cfg)
+        x, word_table, position_lookup = DebertaEmbeddings(cfg, name="embeddings")(
             input_ids,
             input_mask,
             segment_ids,
             positions,
             deterministic=deterministic,
             with_positions=emd,
-            shared_tables=shared_tables,
+            shared_word_table=shared_word_table,
         )
         span = opts.span(cfg.max_position_embeddings)
         rel = nn.Embed(
@@ -481,11 +479,12 @@ class DebertaEncoder(nn.Module):
             pooled_output=pooled,
             word_embeddings=word_table,
             masked_states=masked_states,
-            position_embeddings=position_table,
         )
 
 
-def _check_emd(cfg: EncoderConfig) -> None:
+def check_enhanced_mask_decoder(cfg: EncoderConfig) -> None:
+    """One-line errors for a config the enhanced mask decoder cannot run (objectives call it
+    before building anything)."""
     if cfg.factorized_embedding:
         raise ConfigError(
             "DeBERTa's enhanced mask decoder adds the [*, E] position embeddings to [*, H] states: "

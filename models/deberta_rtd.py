@@ -50,14 +50,12 @@ from models.heads import MaskedLMHead
 
 
 def generator_config(config: EncoderConfig, num_layers: int | None = None) -> EncoderConfig:
-    """DeBERTa-v3's generator: the discriminator's width, half its depth unless
-    `num_layers` says otherwise (the original's rtd_{xsmall,small,base,large}.json), no pooler."""
-    layers = config.num_layers // 2 if num_layers is None else num_layers
+    """DeBERTa-v3's generator: the discriminator's width, half its depth (at least one layer)
+    unless `num_layers` says otherwise (the original's rtd_{xsmall,small,base,large}.json),
+    no pooler."""
+    layers = max(1, config.num_layers // 2) if num_layers is None else num_layers
     if layers < 1:
-        raise ConfigError(
-            f"the DeBERTa-v3 generator needs >= 1 layer, got {layers} (discriminator num_layers = "
-            f"{config.num_layers}: half of it by default, DebertaRTD.generator_layers to choose)"
-        )
+        raise ConfigError(f"DebertaRTD.generator_layers must be >= 1, got {layers}")
     return dataclasses.replace(config, num_layers=layers, pooler=False)
 
 
@@ -70,10 +68,19 @@ class RTDHead(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, sequence_output: jax.Array) -> jax.Array:
-        """sequence_output: [B, L, H] compute dtype. Returns [B, L] float32 logits."""
+    def __call__(self, sequence_output: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+        """sequence_output: [B, L, H] compute dtype; positions: [B, L] int32 position ids
+        (None: 0..L-1). Returns [B, L] float32 logits.
+
+        Each token is paired with its own example's [CLS], the token at position 0 of its
+        example: index t - positions[t], since packed examples are contiguous and restart
+        their positions (unpacked rows: index 0, the original's hidden_states[:, 0])."""
         cfg = self.config
-        x = sequence_output.astype(jnp.float32) + sequence_output[:, :1].astype(jnp.float32)
+        first = jnp.zeros(sequence_output.shape[:2], jnp.int32)
+        if positions is not None:
+            first = jnp.arange(sequence_output.shape[1], dtype=jnp.int32)[None] - positions
+        cls = jnp.take_along_axis(sequence_output, first[..., None], axis=1)
+        x = sequence_output.astype(jnp.float32) + cls.astype(jnp.float32)
         x = layer_norm(cfg, name="layer_norm")(x).astype(cfg.compute_dtype)
         x = cfg.activation(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="dense")(x))
         logits = nn.Dense(
@@ -113,10 +120,12 @@ class DebertaRTDModel(nn.Module):
         outputs = replace_tokens(batch, mlm_logits, self.make_rng("sampling"))
         encoded = DebertaEncoder(self.config, name="encoder")(
             outputs.pop("corrupted"),
-            shared_tables=(generated.word_embeddings, generated.position_embeddings),
+            shared_word_table=generated.word_embeddings,
             **common,
         )
-        outputs["disc_logits"] = RTDHead(self.config, name="rtd_head")(encoded.sequence_output)
+        outputs["disc_logits"] = RTDHead(self.config, name="rtd_head")(
+            encoded.sequence_output, batch.get("positions")
+        )
         return outputs
 
 

@@ -221,12 +221,21 @@ class EncoderConfig:
         if self.classifier_head not in CLASSIFIER_HEADS:
             fail("classifier_head", f"one of {CLASSIFIER_HEADS}")
         if self.disentangled is not None:
-            for name, bert_only in (("sharing", "none"), ("scan_layers", False), ("position_offset", 0)):
+            settings = (("sharing", "none"), ("scan_layers", False), ("position_offset", 0))
+            for name, bert_only in (*settings, ("attention_implementation", None)):
                 if getattr(self, name) != bert_only:
                     raise ConfigError(
                         f"EncoderConfig.{name}={getattr(self, name)!r} is not implemented for DeBERTa "
                         f"(EncoderConfig.disentangled is set): use {bert_only!r}"
                     )
+            opts = self.disentangled
+            reach, half = opts.max_relative(self.max_position_embeddings), opts.position_buckets // 2
+            if opts.position_buckets and reach <= half + 1:
+                raise ConfigError(
+                    f"DisentangledConfig.position_buckets = {opts.position_buckets} needs a reach "
+                    f"(max_relative_positions, else max_position_embeddings) above {half + 1}, got {reach}: "
+                    "the log buckets begin at half the buckets"
+                )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -612,15 +621,12 @@ class EncoderOutput:
         decoder; `config.padded_vocab_size` rows).
       masked_states: [B, P, H] compute dtype, DeBERTa's enhanced mask decoder output at
         the requested positions (models/deberta.py); None otherwise.
-      position_embeddings: [max positions, E] param dtype, DeBERTa's absolute position
-        table when it has one (GDES shares it); None otherwise.
     """
 
     sequence_output: jax.Array
     pooled_output: jax.Array | None
     word_embeddings: jax.Array
     masked_states: jax.Array | None = None
-    position_embeddings: jax.Array | None = None
 
 
 class Encoder(nn.Module):

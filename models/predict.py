@@ -65,8 +65,11 @@ def fill_mask_ids(
     positions to fill): for each row, for each mask, the top_k (token, probability) pairs."""
     config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
     if "generator" in params:
-        # ELECTRA: the generator is the masked LM (the discriminator only scores tokens).
-        config, params = pretrained_lib.electra_generator(config, params)
+        # ELECTRA, DeBERTa-v3: the generator is the masked LM (the discriminator only scores tokens).
+        if config.disentangled is None:
+            config, params = pretrained_lib.electra_generator(config, params)
+        else:
+            config, params = pretrained_lib.deberta_generator(config, params)
     elif "discriminator_head" in params:
         raise encode_lib.EncodeError(
             "the workdir is an ELECTRA discriminator without its generator: the discriminator has no "
@@ -82,7 +85,13 @@ def fill_mask_ids(
         "encoder": {k: v for k, v in params["encoder"].items() if k != "pooler"},
         "mlm_head": params["mlm_head"],
     }
-    model = BertPretrainingModel(dataclasses.replace(config, pooler=False), sentence_head=False)
+    # DeBERTa's MLM head was trained on the enhanced mask decoder, which reads the absolute
+    # position table: used whenever the tree has one (our pretraining does; a transformers
+    # checkpoint usually does not, and its head then reads the last layer, as transformers').
+    decoder = config.disentangled is not None and "position_embeddings" in params["encoder"]["embeddings"]
+    model = BertPretrainingModel(
+        dataclasses.replace(config, pooler=False), sentence_head=False, enhanced_mask_decoder=decoder
+    )
     # One batch, padded to the longest row and to the most masks of a row: one compilation.
     length = max(len(ids) for ids in rows)
     positions = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in rows]

@@ -136,6 +136,20 @@ def electra_generator(
     return generator_config, tree
 
 
+def deberta_generator(
+    config: EncoderConfig, params: Mapping[str, Any]
+) -> tuple[EncoderConfig, dict[str, Any]]:
+    """DeBERTa-v3's generator (models/deberta_rtd.py) as a DeBERTa masked-LM model of its own,
+    the form of transformers' DebertaV2ForMaskedLM: its EncoderConfig (the discriminator's,
+    with the generator's depth, read from the tree) and a BertPretrainingModel tree {encoder:
+    `generator` (its own word and position tables), mlm_head: `generator_head`}, to run with
+    the enhanced mask decoder."""
+    generator = params["generator"]
+    layers = sum(1 for name in generator if name.startswith("layer_"))
+    generator_config = dataclasses.replace(config, num_layers=layers, pooler=False)
+    return generator_config, {"encoder": generator, "mlm_head": params["generator_head"]}
+
+
 def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: shards.Manifest) -> Any:
     """`params` (the fresh, sharded pretraining tree) with every parameter `init_from` has:
     continued pretraining from one of our workdirs or an imported published model.

@@ -29,7 +29,7 @@ from models.disentangled import DisentangledConfig, log_bucket, relative_index
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
 from pretrain import step
-from pretrain.objectives import DebertaMLM, DebertaRTD, MaskedLM
+from pretrain.objectives import DebertaMLM, DebertaRTD, ElectraRTD, MaskedLM
 from tests import objective_runs, test_sharding
 from tests.test_train import data_dir  # noqa: F401  (test_train's synthetic shards)
 
@@ -352,6 +352,14 @@ def test_rtd_head_is_layernorm_of_token_plus_cls_then_dense_gelu_dense():
     x = np.asarray(jax.nn.gelu(x @ params["dense"]["kernel"] + params["dense"]["bias"], approximate=False))
     expected = (x @ params["classifier"]["kernel"] + params["classifier"]["bias"])[..., 0]
     np.testing.assert_allclose(head.apply({"params": params}, h), expected, atol=1e-5)
+    # Packed rows: each example's tokens read that example's first token.
+    packed = np.concatenate([h[0, :3], h[1, :2]])[None]
+    positions = np.array([[0, 1, 2, 0, 1]], np.int32)
+    np.testing.assert_allclose(
+        head.apply({"params": params}, packed, positions)[0],
+        np.concatenate([expected[0, :3], head.apply({"params": params}, h[1:, :2])[0]]),
+        atol=1e-5,
+    )
 
 
 RTD_DATA = PipelineConfig(max_seq_length=L, masking="in_step", sentence_objective="none", short_seq_prob=0.05)
@@ -451,10 +459,23 @@ def test_objectives_need_a_deberta_encoder():
         DebertaMLM(test_sharding.TINY, PipelineConfig(max_seq_length=L))
     with pytest.raises(ConfigError, match="not implemented for DeBERTa"):
         dataclasses.replace(V2, scan_layers=True)
-    with pytest.raises(ConfigError, match="needs >= 1 layer"):
-        DebertaRTD(dataclasses.replace(V2, num_layers=1), RTD_DATA)
+    with pytest.raises(ConfigError, match="generator_layers must be >= 1"):
+        DebertaRTD(V2, RTD_DATA, generator_layers=0)
+    assert DebertaRTD(dataclasses.replace(V2, num_layers=1), RTD_DATA).generator_config.num_layers == 1
     with pytest.raises(ConfigError, match="pos_att_type"):
         DisentangledConfig(pos_att_type=("p2p",))
+    with pytest.raises(ConfigError, match="not implemented for DeBERTa"):
+        dataclasses.replace(V2, attention_implementation="cudnn")
+    with pytest.raises(ConfigError, match="the log buckets begin at half the buckets"):
+        dataclasses.replace(
+            V2, disentangled=DisentangledConfig(position_buckets=256, max_relative_positions=128)
+        )
+    with pytest.raises(ConfigError, match="needs embedding_size = hidden_size"):
+        DebertaMLM(dataclasses.replace(V2, embedding_size=16), PipelineConfig(max_seq_length=L))
+    with pytest.raises(ConfigError, match="use make_objective.objective = @DebertaRTD"):
+        ElectraRTD(V2, RTD_DATA)
+    with pytest.raises(ConfigError, match="DeBERTa-v3 masks inside the step.*deberta_v3.gin"):
+        DebertaRTD(V2, PipelineConfig(max_seq_length=L, sentence_objective="none"))
 
 
 # --- training: meshes, microbatches, resume ---------------------------------------------------
@@ -479,7 +500,13 @@ def test_microbatched_and_sharded_steps_equal_the_single_device_step(family):
         data = PipelineConfig(max_seq_length=test_sharding.L, max_predictions_per_seq=test_sharding.P)
         make, batches = (lambda: DebertaMLM(config, data)), MLM_BATCHES
     params, losses = _train(sharding.make_mesh(None, jax.devices()[:1]), batches, make())
-    for spec, micro in (("data:2,fsdp:2,tensor:2", 1), ("data:4,fsdp:2", 4)):
+    # v1 differs from v2 in its projections only: one mesh for it.
+    layouts = (
+        (("data:2,fsdp:2,tensor:2", 1),)
+        if family == "mlm_v1"
+        else (("data:2,fsdp:2,tensor:2", 1), ("data:4,fsdp:2", 4))
+    )
+    for spec, micro in layouts:
         other, other_losses = _train(sharding.make_mesh(spec), batches, make(), microbatches=micro)
         np.testing.assert_allclose(other_losses, losses, rtol=1e-5, err_msg=spec)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), other, params)
@@ -494,8 +521,8 @@ def test_emd_changes_the_mlm_model():
 
 
 def _run(workdir, data_dir, steps, objective):  # noqa: F811  (the argument, not the fixture)
-    config = dataclasses.replace(
-        RTD_CONFIG if objective is DebertaRTD else V2,
+    config = dataclasses.replace(  # two layers (the generator: one)
+        V2,
         vocab_size=synthetic.VOCAB_SIZE,
         dropout_rate=0.1,
         attention_dropout_rate=0.1,
@@ -530,13 +557,22 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir, objectiv
 
 def test_flops_add_the_relative_terms_and_the_decoder_to_berts():
     """Per row at L = 24, P = 4: each layer's c2p and p2c products [L, D] x [2S, D] per head
-    (2 x 2 L 2S H), and the decoder's two passes of the last layer on P query rows."""
+    (2 x 2 L 2S H); the decoder's two passes of the last layer on P query rows (keys, values
+    and p2c over all L rows once); the encoder's own last layer, whose output nothing reads,
+    left out (counted when a sentence head reads the pooler)."""
     data = PipelineConfig(max_seq_length=L, max_predictions_per_seq=4, sentence_objective="none")
     h, f, s, p, r = 32, 64, L, 4, 16
-    relative = 2 * (2 * 2 * s * r * h)  # two layers
-    one_pass = 4 * s * h * h + 4 * p * h * h + 4 * p * h * f + 4 * p * s * h + 2 * p * r * h + 2 * s * r * h
-    bert = MaskedLM(V2, data).flops_per_row(s, p)
-    assert DebertaMLM(V2, data).flops_per_row(s, p) == bert + 3 * (relative + 2 * one_pass)
+    relative = 2 * 2 * s * r * h  # one layer's
+    shared = 4 * s * h * h + 2 * s * r * h
+    one_pass = 4 * p * h * h + 4 * p * h * f + 4 * p * s * h + 2 * p * r * h
+    one_layer = dataclasses.replace(V2, num_layers=1)
+    bert_one_layer = MaskedLM(one_layer, data).flops_per_row(s, p)
+    assert DebertaMLM(V2, data).flops_per_row(s, p) == bert_one_layer + 3 * (relative + shared + 2 * one_pass)
+    nsp = PipelineConfig(max_seq_length=L, max_predictions_per_seq=4, sentence_objective="nsp")
+    with_sentence_head = DebertaMLM(V2, nsp).flops_per_row(s, p)
+    assert with_sentence_head == MaskedLM(V2, nsp).flops_per_row(s, p) + 3 * (
+        2 * relative + shared + 2 * one_pass
+    )
 
 
 def test_gdes_matches_a_pytorch_transcription_of_the_original():
@@ -561,19 +597,19 @@ def test_gdes_matches_a_pytorch_transcription_of_the_original():
     )
     table = g_params["word_embeddings"]["embedding"]
     d_params = _randomized(
-        discriminator.init(
-            jax.random.key(1), ids_d, mask, ids_d, positions, shared_tables=(table, None), **call
-        )["params"],
+        discriminator.init(jax.random.key(1), ids_d, mask, ids_d, positions, shared_word_table=table, **call)[
+            "params"
+        ],
         1,
     )
     assert set(d_params) == {"word_embeddings_delta", "layer_norm"}
 
     def ours(g, d):
         x_g = generator.apply({"params": g}, ids_g, mask, ids_g, positions, **call)[0]
-        shared = (g["word_embeddings"]["embedding"], None)
-        x_d = discriminator.apply({"params": d}, ids_d, mask, ids_d, positions, shared_tables=shared, **call)[
-            0
-        ]
+        shared = g["word_embeddings"]["embedding"]
+        x_d = discriminator.apply(
+            {"params": d}, ids_d, mask, ids_d, positions, shared_word_table=shared, **call
+        )[0]
         return jnp.sum(x_g * w_g) + 10.0 * jnp.sum(x_d * w_d)
 
     loss, (grad_g, grad_d) = jax.value_and_grad(ours, argnums=(0, 1))(g_params, d_params)

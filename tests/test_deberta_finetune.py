@@ -1,8 +1,9 @@
-"""DeBERTa's GLUE fine-tuning: the "deberta" head (the original's ContextPooler: dense -> GELU
-on the first token, then dropout and the classifier), and `python -m finetune.glue` on the
-offline demo task from DeBERTa workdirs as pretraining writes them: v1/v2 (MLM with the
-enhanced mask decoder: the encoder has the absolute position table fine-tuning leaves out)
-and v3 (RTD: the discriminator's word table is a GDES delta on the generator's)."""
+"""DeBERTa's fine-tuning and fill-mask: the "deberta" head (the original's ContextPooler: dense
+-> GELU on the first token, then dropout and the classifier); v1/v2 MLM workdirs (the encoder
+has the absolute position table the enhanced mask decoder reads, which fine-tuning leaves
+out); `python -m finetune.glue` on the offline demo task from a DeBERTa-v3 workdir (the
+discriminator's word table a GDES delta on the generator's) and from an imported
+transformers DeBERTa-v3 folder; fill-mask through the decoder."""
 
 import dataclasses
 import json
@@ -98,22 +99,41 @@ def _glue_on_the_demo_task(workdir, glue_dir, out, capsys):
     assert 0.0 <= entry["metrics"]["dev"]["accuracy"] <= 1.0
 
 
-@pytest.mark.slow(40)
-@pytest.mark.parametrize("family", ["mlm", "rtd"])
-def test_glue_on_the_demo_task_from_a_deberta_workdir(tmp_path, capsys, family):
+def test_fine_tuning_leaves_out_the_decoders_position_table():
+    """A DeBERTa MLM pretraining tree has the absolute position table the enhanced mask
+    decoder reads; the fine-tuning model has none, and load_encoder leaves it out."""
+    from core import sharding
+    from finetune.model import load_encoder
+
+    config = dataclasses.replace(CONFIG, vocab_size=60)
+    tree = _pretraining_tree(DebertaMLM(config, PipelineConfig(max_seq_length=32, sentence_objective="none")))
+    assert "position_embeddings" in tree["encoder"]["embeddings"]
+    batch = {k: np.zeros((1, 8), np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+    model = ClassifierModel(config, num_outputs=2)
+    fresh = nn.meta.unbox(jitted.init(model, jax.random.key(0), batch, deterministic=True)["params"])
+    mesh = sharding.make_mesh(None, jax.devices()[:1])
+    shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), fresh)
+    loaded = load_encoder(fresh, tree, shardings)
+    assert "position_embeddings" not in loaded["encoder"]["embeddings"]
+    np.testing.assert_array_equal(
+        loaded["encoder"]["layer_0"]["attention"]["query"]["kernel"],
+        tree["encoder"]["layer_0"]["attention"]["query"]["kernel"],
+    )
+
+
+@pytest.mark.slow(30)
+def test_glue_on_the_demo_task_from_a_deberta_v3_workdir(tmp_path, capsys):
+    """A DeBERTa-v3 pretraining workdir (GDES delta, generator) fine-tunes through its folded
+    discriminator."""
     glue_dir = str(tmp_path / "glue")
     demo_task.make_task(glue_dir, train=64, dev=32, test=16)
     sentences = [example.text_a for example in read_glue_dir(glue_dir, TASKS["word_order"]).train]
     tokenizer = tokenizers.train_wordpiece([sentences], 300)
     config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size)
-    data = PipelineConfig(max_seq_length=32, sentence_objective="none")
-    if family == "mlm":
-        tree = _pretraining_tree(DebertaMLM(config, data))
-        assert "position_embeddings" in tree["encoder"]["embeddings"]
-    else:
-        tree = _pretraining_tree(DebertaRTD(config, dataclasses.replace(data, masking="in_step")))
-        delta = tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"]
-        tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"] = delta + 0.5
+    data = PipelineConfig(max_seq_length=32, sentence_objective="none", masking="in_step")
+    tree = _pretraining_tree(DebertaRTD(config, data))
+    delta = tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"]
+    tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"] = delta + 0.5
     workdir = str(tmp_path / "deberta")
     pretrained_lib.save_pretrained(workdir, config, tree, tokenizer, step=5)
     loaded = pretrained_lib.load_pretrained(workdir)
@@ -177,3 +197,47 @@ def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
     glue_dir = str(tmp_path / "glue")
     demo_task.make_task(glue_dir, train=64, dev=32, test=16)
     _glue_on_the_demo_task(workdir, glue_dir, tmp_path / "out", capsys)
+
+
+@pytest.mark.parametrize("family", ["mlm", "rtd"])
+def test_fill_mask_reads_through_the_enhanced_mask_decoder(tmp_path, family):
+    """models.predict on a DeBERTa workdir: the MLM model (v1/v2) or the generator (v3), with
+    the decoder its head was trained on: the probabilities of the pretraining model itself."""
+    from models import predict
+    from models.pretraining import BertPretrainingModel
+
+    tokenizer = tokenizers.train_wordpiece([["the cat sat on the mat", "a dog ran in the park"]], 80)
+    config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size)
+    data = PipelineConfig(max_seq_length=32, sentence_objective="none")
+    if family == "mlm":
+        tree = _pretraining_tree(DebertaMLM(config, data))
+        model_config, mlm_tree = config, tree
+    else:
+        objective = DebertaRTD(config, dataclasses.replace(data, masking="in_step"))
+        tree = _pretraining_tree(objective)
+        model_config = objective.generator_config
+        mlm_tree = {"encoder": tree["generator"], "mlm_head": tree["generator_head"]}
+    workdir = str(tmp_path / "w")
+    pretrained_lib.save_pretrained(workdir, config, tree, tokenizer, step=1)
+    mask = tokenizer.mask_id
+    row = [
+        tokenizer.cls_id,
+        *tokenizer.encode("the cat sat"),
+        mask,
+        *tokenizer.encode("the"),
+        mask,
+        tokenizer.sep_id,
+    ]
+    (found,) = predict.fill_mask_ids(pretrained_lib.load_pretrained(workdir), [row], top_k=3)
+    batch = {
+        "input_ids": np.array([row], np.int32),
+        "input_mask": np.ones((1, len(row)), np.int32),
+        "segment_ids": np.zeros((1, len(row)), np.int32),
+        "masked_lm_positions": np.array([[i for i, t in enumerate(row) if t == mask]], np.int32),
+    }
+    model = BertPretrainingModel(model_config, sentence_head=False, enhanced_mask_decoder=True)
+    probs = jax.nn.softmax(model.apply({"params": mlm_tree}, batch, deterministic=True)["mlm_logits"])[0]
+    for slot, candidates in enumerate(found):
+        best = np.argsort(-np.asarray(probs[slot]))[:3]
+        assert [token for token, _ in candidates] == [tokenizer.id_to_token(int(t)) for t in best]
+        np.testing.assert_allclose([p for _, p in candidates], np.asarray(probs[slot])[best], rtol=1e-5)

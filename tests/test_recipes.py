@@ -132,7 +132,7 @@ GRIDS = {
     "albert_sharing": {"all", "attention", "ffn", "none"},
     "albert_embedding": {"64", "128", "256", "768"},
     "masking_unit": {"token", "whole_word", "ngram", "span", "span_sbo"},
-    "electra_vs_mlm": {"electra", "mlm"},
+    "electra_vs_mlm": {"electra", "mlm", "deberta_v3"},
 }
 
 
@@ -169,6 +169,7 @@ def test_every_ablation_arm_builds_on_its_base_and_differs(grid):
         assert {name: objective for name, (_, _, objective) in built.items()} == {
             "electra": "ElectraRTD",
             "mlm": "MaskedLM",
+            "deberta_v3": "DebertaRTD",
         }
     if grid == "masking_unit":
         objectives = {name: objective for name, (_, _, objective) in built.items()}

@@ -27,6 +27,7 @@ import gin
 from core import flops
 from core.errors import ConfigError
 from data.pipeline import PipelineConfig
+from models.deberta import check_enhanced_mask_decoder
 from models.deberta_rtd import DebertaRTDModel, generator_config
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
@@ -42,10 +43,10 @@ def _require_deberta(config: EncoderConfig, objective: str) -> None:
         )
 
 
-def _relative_terms(config: EncoderConfig) -> dict[str, int]:
-    """core/flops.py's span and number of relative terms of a DeBERTa config."""
+def _relative_terms(config: EncoderConfig) -> dict[str, int | bool]:
+    """core/flops.py's span and relative terms of a DeBERTa config."""
     opts = config.disentangled
-    return {"span": opts.span(config.max_position_embeddings), "terms": len(opts.pos_att_type)}
+    return {"span": opts.span(config.max_position_embeddings), "c2p": opts.c2p, "p2c": opts.p2c}
 
 
 @gin.configurable
@@ -55,6 +56,7 @@ class DebertaMLM(MaskedLM):
 
     def __init__(self, model_config: EncoderConfig, pipeline_config: PipelineConfig):
         _require_deberta(model_config, "DebertaMLM")
+        check_enhanced_mask_decoder(model_config)
         super().__init__(model_config, pipeline_config)
 
     def make_module(self) -> BertPretrainingModel:
@@ -63,7 +65,8 @@ class DebertaMLM(MaskedLM):
         )
 
     def flops_per_row(self, seq_len: int, num_predictions: int) -> float:
-        """BERT's MLM count plus the relative terms and the EMD's two passes (core/flops.py)."""
+        """BERT's MLM count with the relative terms and the decoder's two passes, the encoder's
+        own last layer left out unless the sentence head reads it (core/flops.py)."""
         c = self.model_config
         return flops.deberta_pretraining(
             hidden=c.hidden_size,
@@ -73,6 +76,7 @@ class DebertaMLM(MaskedLM):
             seq=seq_len,
             predictions=num_predictions,
             embedding=c.embedding_width,
+            last_layer_output_used=self.sentence_head,
             **_relative_terms(c),
         )
 
@@ -96,6 +100,7 @@ class DebertaRTD(ElectraRTD):
     """
 
     mask_token_prob = 1.0  # the original's NGramMaskGenerator(keep_prob=0, mask_prob=1)
+    family = ("DeBERTa-v3", "configs/recipes/deberta_v3.gin", "deberta")
 
     def __init__(
         self,
@@ -109,7 +114,9 @@ class DebertaRTD(ElectraRTD):
         super().__init__(model_config, pipeline_config, disc_weight=disc_weight)
 
     def make_generator_config(self) -> EncoderConfig:
-        return generator_config(self.model_config, self.generator_layers)
+        config = generator_config(self.model_config, self.generator_layers)
+        check_enhanced_mask_decoder(config)
+        return config
 
     def make_module(self) -> DebertaRTDModel:
         return DebertaRTDModel(self.model_config, self.generator_config)
@@ -135,7 +142,11 @@ class DebertaRTD(ElectraRTD):
                 layers=d.num_layers, hidden=d.hidden_size, intermediate=d.intermediate_size, seq=seq_len
             )
             + flops.relative_terms(
-                layers=d.num_layers, hidden=d.hidden_size, seq=seq_len, **_relative_terms(d)
+                layers=d.num_layers,
+                hidden=d.hidden_size,
+                seq=seq_len,
+                span=d.disentangled.span(d.max_position_embeddings),
+                terms=len(d.disentangled.pos_att_type),
             )
             + flops.embedding_projection(embedding=d.embedding_width, hidden=d.hidden_size, seq=seq_len)
             + flops.discriminator_head(hidden=d.hidden_size, seq=seq_len)

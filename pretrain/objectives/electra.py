@@ -144,6 +144,8 @@ class ElectraRTD(Objective):
     headline_metric = "disc_accuracy"
     #: The share of masked positions that show [MASK] (the rest keep their token).
     mask_token_prob = MASK_TOKEN_PROB
+    #: For error messages: the family, its recipe, its fine-tuning head.
+    family = ("ELECTRA", "configs/recipes/electra.gin", "electra")
 
     def __init__(
         self,
@@ -152,20 +154,26 @@ class ElectraRTD(Objective):
         generator_hidden_ratio: float = 0.25,
         disc_weight: float = 50.0,
     ):
+        family, recipe, head = self.family
+        if (model_config.disentangled is not None) != (family == "DeBERTa-v3"):
+            raise ConfigError(
+                "ElectraRTD trains BERT's encoder and DebertaRTD DeBERTa's: for a DeBERTa model file "
+                "(EncoderConfig.disentangled) use make_objective.objective = @DebertaRTD"
+            )
         if pipeline_config.masking != "in_step":
             raise ConfigError(
-                f"ELECTRA masks inside the step, but PipelineConfig.masking = {pipeline_config.masking!r}: "
-                "set PipelineConfig.masking = 'in_step' (configs/recipes/electra.gin)"
+                f"{family} masks inside the step, but PipelineConfig.masking = {pipeline_config.masking!r}: "
+                f"set PipelineConfig.masking = 'in_step' ({recipe})"
             )
         if pipeline_config.sentence_objective != "none":
             raise ConfigError(
-                "ELECTRA has no sentence objective: set PipelineConfig.sentence_objective = 'none' "
+                f"{family} has no sentence objective: set PipelineConfig.sentence_objective = 'none' "
                 f"(got {pipeline_config.sentence_objective!r})"
             )
         if model_config.pooler or model_config.classifier_head == "pooler":
             raise ConfigError(
-                "ELECTRA's discriminator has no pooler: set EncoderConfig.pooler = False and "
-                "EncoderConfig.classifier_head = 'electra' (configs/models/electra_*.gin)"
+                f"{family}'s discriminator has no pooler: set EncoderConfig.pooler = False and "
+                f"EncoderConfig.classifier_head = '{head}' ({recipe})"
             )
         self.model_config = model_config
         self.generator_hidden_ratio = generator_hidden_ratio
@@ -325,6 +333,7 @@ class ElectraRTD(Objective):
             rng,
             mask_prob=self.mask_prob,
             num_predictions=1,
+            mask_token_prob=self.mask_token_prob,
         )
         return self.module.init({"params": rng, "sampling": rng}, {**batch, **masked}, deterministic=True)[
             "params"
