@@ -138,9 +138,7 @@ def load_encoder(params: Any, pretrained: Mapping[str, Any], shardings: Any) -> 
         loaded[path] = jax.device_put(value.astype(fresh.dtype), target_shardings[path])
     unused = sorted("/".join(p) for p in source if p not in target)
     if _EMD_POSITION_TABLE in unused:
-        log.info(
-            "DeBERTa's absolute position table (read only by its pretraining mask decoder): left out"
-        )
+        log.info("DeBERTa's absolute position table (read only by its pretraining mask decoder): left out")
         unused.remove(_EMD_POSITION_TABLE)
     if unused and all(name.startswith("pooler/") for name in unused):
         log.info("the classifier head does not read the pretrained pooler: left out")
