@@ -673,7 +673,48 @@ def albert_preprocess(text: str, lowercase: bool) -> str:
     return text.lower() if lowercase else text
 
 
-class SentencePieceTokenizer(_VocabTable):
+class _SentencePieceFile(_VocabTable):
+    """What ALBERT's and DeBERTa's SentencePiece tokenizers share: the model proto is the
+    tokenizer (`_MODEL_FILE` in the folder, `_KIND` in the identity, `_settings()` the rest)."""
+
+    _MODEL_FILE: str
+    _KIND: str
+
+    @staticmethod
+    def _load(model_proto: bytes, source: str, example: str) -> spm.SentencePieceProcessor:
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model_proto)
+        except Exception:  # the library raises RuntimeError/OSError with a parser message
+            raise TokenizerError(
+                f"{source}: not a SentencePiece model: pass a .model file written by spm_train "
+                f"(e.g. {example})"
+            ) from None
+        return processor
+
+    def _settings(self) -> dict:
+        """The tokenizer's options besides the model, as identity() and save() write them."""
+        return {}
+
+    def identity(self) -> dict:
+        """{"kind", "vocab_size", (settings), "pair_format": "bert", "model_sha256"}."""
+        return {
+            "kind": self._KIND,
+            "vocab_size": self.vocab_size,
+            **self._settings(),
+            "pair_format": self.pair_format,
+            "model_sha256": hashlib.sha256(self._proto).hexdigest(),
+        }
+
+    def save(self, directory: str) -> None:
+        tf.io.gfile.makedirs(directory)
+        with tf.io.gfile.GFile(os.path.join(directory, self._MODEL_FILE), "wb") as f:
+            f.write(self._proto)
+        with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
+            f.write(json.dumps({"kind": self._KIND, **self._settings()}, indent=2) + "\n")
+
+
+class SentencePieceTokenizer(_SentencePieceFile):
     """ALBERT's SentencePiece tokenizer (google-research/albert `tokenization.FullTokenizer`
     with an spm model). Implements `Tokenizer` with `pair_format` "bert".
 
@@ -685,6 +726,8 @@ class SentencePieceTokenizer(_VocabTable):
 
     pair_format = "bert"
     _SPECIAL_TOKENS = (SP_PAD, SP_UNK, "[CLS]", "[SEP]", "[MASK]")
+    _MODEL_FILE = SP_MODEL_FILE
+    _KIND = "sentencepiece"
 
     def __init__(self, model_proto: bytes, *, lowercase: bool = True, source: str = "the model"):
         """Args:
@@ -695,14 +738,7 @@ class SentencePieceTokenizer(_VocabTable):
         Raises:
           TokenizerError: not a SentencePiece model, or a special token missing.
         """
-        processor = spm.SentencePieceProcessor()
-        try:
-            processor.LoadFromSerializedProto(model_proto)
-        except Exception:  # the library raises RuntimeError/OSError with a parser message
-            raise TokenizerError(
-                f"{source}: not a SentencePiece model: pass a .model file written by spm_train "
-                "(e.g. ALBERT's spiece.model)"
-            ) from None
+        processor = self._load(model_proto, source, "ALBERT's spiece.model")
         self._sp = processor
         self._proto = bytes(model_proto)
         self._lowercase = bool(lowercase)
@@ -756,23 +792,8 @@ class SentencePieceTokenizer(_VocabTable):
             [_is_albert_start_piece(t) or t in SP_CONTROL_SYMBOLS for t in self._tokens], dtype=bool
         )
 
-    def identity(self) -> dict:
-        """{"kind": "sentencepiece", "vocab_size", "lowercase", "pair_format": "bert", "model_sha256"}."""
-        return {
-            "kind": "sentencepiece",
-            "vocab_size": self.vocab_size,
-            "lowercase": self._lowercase,
-            "pair_format": self.pair_format,
-            "model_sha256": hashlib.sha256(self._proto).hexdigest(),
-        }
-
-    def save(self, directory: str) -> None:
-        tf.io.gfile.makedirs(directory)
-        with tf.io.gfile.GFile(os.path.join(directory, SP_MODEL_FILE), "wb") as f:
-            f.write(self._proto)
-        config = {"kind": "sentencepiece", "lowercase": self._lowercase}
-        with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
-            f.write(json.dumps(config, indent=2) + "\n")
+    def _settings(self) -> dict:
+        return {"lowercase": self._lowercase}
 
 
 def train_sentencepiece(
@@ -890,7 +911,7 @@ class DebertaBPETokenizer(ByteLevelBPETokenizer):
         return mask
 
 
-class DebertaSentencePieceTokenizer(_VocabTable):
+class DebertaSentencePieceTokenizer(_SentencePieceFile):
     """DeBERTa-v2/v3's SentencePiece tokenizer (microsoft/DeBERTa DeBERTa/deberta/spm_tokenizer.py
     `SPMTokenizer` with do_lower_case=False, split_by_punct=False, as every published model).
     Implements `Tokenizer` with `pair_format` "bert".
@@ -911,6 +932,8 @@ class DebertaSentencePieceTokenizer(_VocabTable):
 
     pair_format = "bert"
     _SPECIAL_TOKENS = SPECIAL_TOKENS  # the protocol's order: pad, unk, cls, sep, mask
+    _MODEL_FILE = DEBERTA_SPM_FILE
+    _KIND = "deberta_spm"
 
     def __init__(self, model_proto: bytes, *, source: str = "the model"):
         """Args:
@@ -920,14 +943,7 @@ class DebertaSentencePieceTokenizer(_VocabTable):
         Raises:
           TokenizerError: not a SentencePiece model, or it lacks [PAD], [CLS], [SEP] or [UNK].
         """
-        processor = spm.SentencePieceProcessor()
-        try:
-            processor.LoadFromSerializedProto(model_proto)
-        except Exception:  # the library raises RuntimeError/OSError with a parser message
-            raise TokenizerError(
-                f"{source}: not a SentencePiece model: pass a .model file written by spm_train "
-                "(e.g. DeBERTa-v2/v3's spm.model)"
-            ) from None
+        processor = self._load(model_proto, source, "DeBERTa-v2/v3's spm.model")
         pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
         vocab = {piece: i for i, piece in enumerate(pieces)}
         for token in DEBERTA_SPECIAL_TOKENS[:4]:
@@ -1009,22 +1025,6 @@ class DebertaSentencePieceTokenizer(_VocabTable):
             dtype=bool,
         )
 
-    def identity(self) -> dict:
-        """{"kind": "deberta_spm", "vocab_size", "pair_format": "bert", "model_sha256"}."""
-        return {
-            "kind": "deberta_spm",
-            "vocab_size": self.vocab_size,
-            "pair_format": self.pair_format,
-            "model_sha256": hashlib.sha256(self._proto).hexdigest(),
-        }
-
-    def save(self, directory: str) -> None:
-        tf.io.gfile.makedirs(directory)
-        with tf.io.gfile.GFile(os.path.join(directory, DEBERTA_SPM_FILE), "wb") as f:
-            f.write(self._proto)
-        with tf.io.gfile.GFile(os.path.join(directory, CONFIG_FILE), "w") as f:
-            f.write(json.dumps({"kind": "deberta_spm"}, indent=2) + "\n")
-
 
 def load_bpe_files(vocab_path: str, merges_path: str) -> ByteLevelBPETokenizer:
     """RoBERTa's or DeBERTa v1's vocab.json + merges.txt, told apart by the special tokens:
@@ -1039,8 +1039,8 @@ def load_bpe_files(vocab_path: str, merges_path: str) -> ByteLevelBPETokenizer:
 KINDS = ("wordpiece", "bpe", "sentencepiece")  # the kinds `train` makes
 # DeBERTa's tokenizers (v1 BPE, v2/v3 SentencePiece): their models may have more embedding
 # rows than tokens (models.pretrained.vocab_fits).
-DEBERTA_KINDS = ("deberta_bpe", "deberta_spm")
-ALL_KINDS = (*KINDS, *DEBERTA_KINDS)  # the kinds `load_tokenizer` reads
+DEBERTA_TOKENIZERS = (DebertaBPETokenizer, DebertaSentencePieceTokenizer)
+ALL_KINDS = (*KINDS, "deberta_bpe", "deberta_spm")  # the kinds `load_tokenizer` reads
 
 
 def load_tokenizer(path: str) -> Tokenizer:

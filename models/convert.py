@@ -81,7 +81,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
@@ -163,8 +163,10 @@ class Module:
 
 
 def _rows(group: str, ours: str, hf: str, tf_: str | None, rows) -> list[Module]:
-    """Modules from (our suffix, kind, HF suffix, TF suffix) rows under common prefixes."""
-    return [Module(group, ours + o, kind, hf + h, None if tf_ is None else tf_ + t) for o, kind, h, t in rows]
+    """Modules from (our suffix, kind, HF suffix[, TF suffix]) rows under common prefixes."""
+    return [
+        Module(group, ours + o, kind, hf + h, None if tf_ is None else tf_ + t[0]) for o, kind, h, *t in rows
+    ]
 
 
 # Embeddings of all three families: ours under encoder/embeddings/, HF under {base}embeddings.,
@@ -277,8 +279,8 @@ class ModelFormat:
     # HF class for config.json's "architectures" by head, the class with the most heads
     # first; under None the bare model's. A None class: transformers has no such model.
     hf_classes: Mapping[str | None, str | None]
-    # Older HF names of the table's arrays, (old prefix, the table's prefix): imports read
-    # either (DeBERTa's legacy=True MLM head, `cls.predictions.*`).
+    # Older HF names of the table's arrays, (old prefix, the table's prefix), the most specific
+    # first: imports read either (DeBERTa's legacy=True MLM head, `cls.predictions.*`).
     hf_renamed: tuple[tuple[str, str], ...] = ()
 
     def hf_architecture(self, groups: set[str]) -> str | None:
@@ -379,17 +381,10 @@ ELECTRA_GENERATOR = ModelFormat(
     hf_tied={"generator_lm_head.weight": "{base}embeddings.word_embeddings.weight"},
     hf_classes={"mlm_head": "ElectraForMaskedLM", None: "ElectraModel"},
 )
-# DeBERTa (models/deberta.py; HF modeling_deberta{,_v2}.py). Embeddings: ours under
-# encoder/embeddings/, HF under {base}embeddings.; the E -> H projection has no bias. The
-# position table exists in HF only with position_biased_input; our pretraining tree has it
-# for the enhanced mask decoder (see `_optional_arrays`).
-_DEBERTA_EMBEDDINGS = (
-    ("word_embeddings", EMBED, "word_embeddings"),
-    ("position_embeddings", EMBED, "position_embeddings"),
-    ("token_type_embeddings", EMBED, "token_type_embeddings"),
-    ("embedding_projection", KERNEL, "embed_proj"),
-    ("layer_norm", NORM, "LayerNorm"),
-)
+# DeBERTa (models/deberta.py; HF modeling_deberta{,_v2}.py). Embeddings: BERT's rows and the
+# E -> H projection, which has no bias. The position table exists in HF only with
+# position_biased_input; our pretraining tree has it for the enhanced mask decoder (see
+# `_optional_arrays`).
 # The encoder's own arrays: ours under encoder/, HF under {base}encoder.: the relative table
 # shared by all layers, its LayerNorm (v2 norm_rel_ebd) and v2's convolution after layer 0.
 _DEBERTA_ENCODER = (
@@ -399,14 +394,9 @@ _DEBERTA_ENCODER = (
     ("conv/layer_norm", NORM, "conv.LayerNorm"),
 )
 # A layer: ours under encoder/layer_{i}/, HF under {base}encoder.layer.{i}.; pos_key /
-# pos_query exist only without share_att_key (and only for the terms of pos_att_type).
-_DEBERTA_LAYER_REST = (
-    ("attention/output", HEADS_OUT, "attention.output.dense"),
-    ("attention_layer_norm", NORM, "attention.output.LayerNorm"),
-    ("intermediate", DENSE, "intermediate.dense"),
-    ("output", DENSE, "output.dense"),
-    ("output_layer_norm", NORM, "output.LayerNorm"),
-)
+# pos_query exist only without share_att_key (and only for the terms of pos_att_type); the
+# rest (attention output, FFN, LayerNorms) is BERT's.
+_DEBERTA_LAYER_REST = _BERT_LAYER[3:]
 _DEBERTA_V2_LAYER = (
     ("attention/query", HEADS_IN, "attention.self.query_proj"),
     ("attention/key", HEADS_IN, "attention.self.key_proj"),
@@ -439,9 +429,9 @@ _DEBERTA_HEADS = (
 # HF's legacy=True MLM head (the default of DebertaForMaskedLM / DebertaV2ForMaskedLM): a BERT
 # head of the same arrays (its dense is H -> E, as ours; the legacy=False dense is H -> H, so
 # a model with E != H has only this form).
-_DEBERTA_LEGACY_HEAD = (
-    ("cls.predictions.transform.", "lm_predictions.lm_head."),
+_DEBERTA_LEGACY_HEAD = (  # the most specific pair first: renaming takes the first match
     ("cls.predictions.bias", "lm_predictions.lm_head.bias"),
+    ("cls.predictions.transform.", "lm_predictions.lm_head."),
 )
 _DEBERTA_TIED = {
     "lm_predictions.lm_head.weight": "{base}embeddings.word_embeddings.weight",
@@ -452,14 +442,13 @@ _DEBERTA_TIED = {
 
 def _deberta_table(layer: tuple) -> tuple[Module, ...]:
     """The table of a DeBERTa version with its `layer` rows (no TF1 names)."""
-
-    def rows(ours: str, hf: str, table: tuple) -> list[Module]:
-        return _rows("encoder", ours, hf, None, [(o, kind, h, None) for o, kind, h in table])
-
     return (
-        *rows("encoder/embeddings/", "{base}embeddings.", _DEBERTA_EMBEDDINGS),
-        *rows("encoder/", "{base}encoder.", _DEBERTA_ENCODER),
-        *rows("encoder/layer_{i}/", "{base}encoder.layer.{i}.", layer),
+        *_rows("encoder", "encoder/embeddings/", "{base}embeddings.", None, _EMBEDDINGS),
+        Module(
+            "encoder", "encoder/embeddings/embedding_projection", KERNEL, "{base}embeddings.embed_proj", None
+        ),
+        *_rows("encoder", "encoder/", "{base}encoder.", None, _DEBERTA_ENCODER),
+        *_rows("encoder", "encoder/layer_{i}/", "{base}encoder.layer.{i}.", None, layer),
         *(Module(*row) for row in _DEBERTA_HEADS),
     )
 
@@ -611,37 +600,32 @@ def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, fram
     ]
 
 
-def our_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """Shape of every array of the full PretrainingModel (with NSP head) and, for an ELECTRA
-    config (classifier_head 'electra'), of the discriminator head; for a DeBERTa config
-    (`disentangled` set) `_deberta_shapes`. Allocates nothing."""
-    if config.disentangled is not None:
-        return _deberta_shapes(config)
-    tree = nn.meta.unbox(abstract_params(dataclasses.replace(config, pooler=True), sentence_head=True))
-    if config.classifier_head == "electra":
-        hidden = jax.ShapeDtypeStruct((1, 1, config.hidden_size), jnp.float32)
-        head = jax.eval_shape(DiscriminatorHead(config).init, jax.random.key(0), hidden)
-        tree = {**tree, "discriminator_head": nn.meta.unbox(head["params"])}
-    return {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
-
-
 # DeBERTa's absolute position table: in HF only with position_biased_input; in our pretraining
 # tree also for the enhanced mask decoder, which adds it to the decoder's queries.
 DEBERTA_POSITION_TABLE = ("encoder", "embeddings", "position_embeddings", "embedding")
 
 
-def _deberta_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """Every array a DeBERTa file may hold, in our tree: the MLM model without pooler and
-    sentence head (transformers' DeBERTa has neither: its ContextPooler is a fine-tuning
-    head), plus the absolute position table [max positions, E] (`_optional_arrays`) and
-    DeBERTa-v3's RTD head `rtd_head` (models/deberta_rtd.py RTDHead: layer_norm [H]; dense,
-    classifier kernels [in, out]: H -> H, H -> 1)."""
-    tree = nn.meta.unbox(abstract_params(dataclasses.replace(config, pooler=False), sentence_head=False))
-    hidden = jax.ShapeDtypeStruct((1, 1, config.hidden_size), jnp.float32)
-    head = jax.eval_shape(RTDHead(config).init, jax.random.key(0), hidden)
-    tree = {**tree, "rtd_head": nn.meta.unbox(head["params"])}
+def our_shapes(config: EncoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Shape of every array a file of `config`'s family may hold, in our tree. Allocates nothing.
+
+    BERT, RoBERTa, ALBERT: the full PretrainingModel (pooler, NSP head); ELECTRA (classifier
+    head 'electra'): plus the discriminator head; DeBERTa (`disentangled` set): the MLM model
+    without pooler and sentence head (transformers' DeBERTa has neither: its ContextPooler is a
+    fine-tuning head), plus the absolute position table [max positions, E] (`_optional_arrays`)
+    and DeBERTa-v3's RTD head `rtd_head` (models/deberta_rtd.py: layer_norm [H]; dense,
+    classifier kernels H -> H, H -> 1)."""
+    deberta = config.disentangled is not None
+    tree = nn.meta.unbox(
+        abstract_params(dataclasses.replace(config, pooler=not deberta), sentence_head=not deberta)
+    )
+    head = ("rtd_head", RTDHead) if deberta else ("discriminator_head", DiscriminatorHead)
+    if deberta or config.classifier_head == "electra":
+        hidden = jax.ShapeDtypeStruct((1, 1, config.hidden_size), jnp.float32)
+        params = jax.eval_shape(head[1](config).init, jax.random.key(0), hidden)["params"]
+        tree = {**tree, head[0]: nn.meta.unbox(params)}
     shapes = {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(tree).items()}
-    shapes.setdefault(DEBERTA_POSITION_TABLE, (config.max_position_embeddings, config.embedding_width))
+    if deberta:
+        shapes.setdefault(DEBERTA_POSITION_TABLE, (config.max_position_embeddings, config.embedding_width))
     return shapes
 
 
@@ -977,6 +961,14 @@ def format_of(config: EncoderConfig) -> ModelFormat:
 # --- tokenizers ---------------------------------------------------------------------------
 
 
+# HF tokenizer_config.json settings our DeBERTa tokenizers do not implement, with the value
+# every published model has (microsoft/DeBERTa spm_tokenizer.py and HF's defaults).
+_DEBERTA_FIXED_SETTINGS = {
+    "deberta": {"add_prefix_space": False},
+    "deberta-v2": {"do_lower_case": False, "split_by_punct": False},
+}
+
+
 def read_tokenizer(fmt: ModelFormat, directory: str, where: str) -> tokenizers.Tokenizer:
     """The tokenizer files of a model folder: BERT's vocab.txt (casing from HF's
     tokenizer_config.json, else inferred from the vocab), RoBERTa's vocab.json + merges.txt,
@@ -984,18 +976,33 @@ def read_tokenizer(fmt: ModelFormat, directory: str, where: str) -> tokenizers.T
     vocab.json + merges.txt (v1) or spm.model (v2/v3)."""
     settings_path = os.path.join(directory, "tokenizer_config.json")
     settings = _read_json(settings_path, where) if os.path.exists(settings_path) else {}
-    # By model_type string: DeBERTa's ModelFormats are defined elsewhere in this file.
-    if fmt.model_type in ("deberta", "deberta-v2"):
-        return _read_deberta_tokenizer(fmt.model_type, directory, settings, where)
-    if fmt is ROBERTA:
+    if fmt in DEBERTA_FORMATS:
+        for key, value in _DEBERTA_FIXED_SETTINGS[fmt.model_type].items():
+            if settings.get(key, value) != value:
+                raise ConversionError(
+                    f"{where}: tokenizer_config.json has {key}={settings[key]!r}: only {key}={value!r} "
+                    "(every published DeBERTa) is supported"
+                )
+    if fmt in (ROBERTA, DEBERTA):
+        family, bpe = ("RoBERTa", tokenizers.ByteLevelBPETokenizer)
+        if fmt is DEBERTA:
+            family, bpe = ("DeBERTa", tokenizers.DebertaBPETokenizer)
         vocab, merges = (
             os.path.join(directory, n) for n in (tokenizers.BPE_VOCAB_FILE, tokenizers.BPE_MERGES_FILE)
         )
         if not (os.path.exists(vocab) and os.path.exists(merges)):
             raise ConversionError(
-                f"{where}: no vocab.json + merges.txt: a RoBERTa folder needs its BPE files"
+                f"{where}: no vocab.json + merges.txt: a {family} folder needs its BPE files"
             )
-        return tokenizers.ByteLevelBPETokenizer.from_files(vocab, merges)
+        return bpe.from_files(vocab, merges)
+    if fmt is DEBERTA_V2:
+        model = os.path.join(directory, tokenizers.DEBERTA_SPM_FILE)
+        if not os.path.exists(model):
+            raise ConversionError(
+                f"{where}: no {tokenizers.DEBERTA_SPM_FILE}: a DeBERTa-v2/v3 folder needs its "
+                "SentencePiece model"
+            )
+        return tokenizers.DebertaSentencePieceTokenizer.from_model_file(model)
     if fmt is ALBERT:
         candidates = sorted(n for n in os.listdir(directory) if n.endswith(".model"))
         if tokenizers.SP_MODEL_FILE in candidates:
@@ -1014,40 +1021,6 @@ def read_tokenizer(fmt: ModelFormat, directory: str, where: str) -> tokenizers.T
     return tokenizers.WordPieceTokenizer.from_vocab_file(
         vocab, lowercase=settings.get("do_lower_case"), strip_accents=settings.get("strip_accents")
     )
-
-
-# HF tokenizer_config.json settings our DeBERTa tokenizers do not implement, with the value
-# every published model has (microsoft/DeBERTa spm_tokenizer.py and HF's defaults).
-_DEBERTA_FIXED_SETTINGS = {
-    "deberta": {"add_prefix_space": False},
-    "deberta-v2": {"do_lower_case": False, "split_by_punct": False},
-}
-
-
-def _read_deberta_tokenizer(model_type: str, directory: str, settings: Mapping[str, Any], where: str):
-    """DeBERTa v1's vocab.json + merges.txt (model_type "deberta") or v2/v3's spm.model
-    ("deberta-v2"), as HF's DebertaTokenizer / DebertaV2Tokenizer read them."""
-    for key, value in _DEBERTA_FIXED_SETTINGS[model_type].items():
-        if settings.get(key, value) != value:
-            raise ConversionError(
-                f"{where}: tokenizer_config.json has {key}={settings[key]!r}: only {key}={value!r} "
-                "(every published DeBERTa) is supported"
-            )
-    if model_type == "deberta":
-        vocab, merges = (
-            os.path.join(directory, n) for n in (tokenizers.BPE_VOCAB_FILE, tokenizers.BPE_MERGES_FILE)
-        )
-        if not (os.path.exists(vocab) and os.path.exists(merges)):
-            raise ConversionError(
-                f"{where}: no vocab.json + merges.txt: a DeBERTa folder needs its BPE files"
-            )
-        return tokenizers.DebertaBPETokenizer.from_files(vocab, merges)
-    model = os.path.join(directory, tokenizers.DEBERTA_SPM_FILE)
-    if not os.path.exists(model):
-        raise ConversionError(
-            f"{where}: no {tokenizers.DEBERTA_SPM_FILE}: a DeBERTa-v2/v3 folder needs its SentencePiece model"
-        )
-    return tokenizers.DebertaSentencePieceTokenizer.from_model_file(model)
 
 
 def _check_vocab(config: EncoderConfig, tokenizer: tokenizers.Tokenizer, where: str, name: str) -> None:
@@ -1218,7 +1191,7 @@ def _current_names(fmt: ModelFormat, tensors: Mapping[str, np.ndarray], where: s
     """`tensors` with older names (`fmt.hf_renamed`) replaced by the table's."""
     renamed = {}
     for name, array in tensors.items():
-        current = next((new + name[len(old) :] for old, new in fmt.hf_renamed if name.startswith(old)), name)
+        current = _renamed(name, fmt.hf_renamed)
         if current in renamed:
             raise ConversionError(
                 f"{where}: holds '{current}' twice, under that name and an older one: which is the model's?"
@@ -1406,8 +1379,14 @@ def hf_model_files(
         log.warning("the sentence head has no %s counterpart in transformers: not exported", fmt.model_type)
         groups.discard("sentence_head")
         known |= {k for k in flat if k[0] == "sentence_head"}
-    if fmt in DEBERTA_FORMATS:
-        flat = _deberta_exported(config, flat, groups)
+    if fmt in DEBERTA_FORMATS and "pooler" in groups:
+        # transformers' DeBERTa has no pooler. (A pretraining tree's absolute position table,
+        # the enhanced mask decoder's, is written as the original's checkpoints hold it:
+        # transformers ignores it without position_biased_input, and an import reads it back.)
+        raise ConversionError(
+            "has a pooler (EncoderConfig.pooler): transformers' DeBERTa models have none (its "
+            "ContextPooler belongs to the classification models): use a config with pooler = False"
+        )
     unknown = sorted("/".join(k) for k in flat if k not in known)
     if unknown:
         raise ConversionError(f"parameters with no HF {fmt.model_type} name: {unknown[:5]}")
@@ -1417,7 +1396,8 @@ def hf_model_files(
     if fmt in DEBERTA_FORMATS and config.factorized_embedding:
         # The legacy=False head's dense is H -> H: with E != H only the legacy=True head
         # (`_DEBERTA_LEGACY_HEAD`) holds ours (config.json says legacy: true).
-        tensors = {_legacy_name(fmt, name): array for name, array in tensors.items()}
+        legacy = [(new, old) for old, new in fmt.hf_renamed]
+        tensors = {_renamed(name, legacy): array for name, array in tensors.items()}
     if fmt is ROBERTA and config.position_offset != pad_id + 1:
         raise ConversionError(
             f"position_offset={config.position_offset} but HF RoBERTa numbers positions from "
@@ -1452,28 +1432,9 @@ def hf_model_files(
     return hf_config, tensors
 
 
-def _deberta_exported(
-    config: EncoderConfig, flat: dict[tuple[str, ...], Any], groups: set[str]
-) -> dict[tuple[str, ...], Any]:
-    """The arrays of a DeBERTa tree as exported: refuses a pooler (transformers' DeBERTa models
-    have none). The absolute position table of a pretraining tree (the enhanced mask
-    decoder's) is written as the original's checkpoints hold it: transformers ignores it
-    without position_biased_input, and an import reads it back."""
-    if "pooler" in groups:
-        raise ConversionError(
-            "has a pooler (EncoderConfig.pooler): transformers' DeBERTa models have none (its "
-            "ContextPooler belongs to the classification models): use a config with pooler = False"
-        )
-    return flat
-
-
-def _legacy_name(fmt: ModelFormat, name: str) -> str:
-    """An HF name under its older form (`fmt.hf_renamed`), if it has one."""
-    matches = [(old, new) for old, new in fmt.hf_renamed if name.startswith(new)]
-    if not matches:
-        return name
-    old, new = max(matches, key=lambda pair: len(pair[1]))  # the most specific
-    return old + name[len(new) :]
+def _renamed(name: str, pairs: Sequence[tuple[str, str]]) -> str:
+    """`name` with the prefix of the first (from, to) pair it starts with replaced."""
+    return next((to + name[len(prefix) :] for prefix, to in pairs if name.startswith(prefix)), name)
 
 
 def write_hf_model(
@@ -1510,12 +1471,15 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
     """
     pretrained = pretrained_lib.load_pretrained(workdir, step)
     config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
-    family = "ELECTRA" if config.disentangled is None else "DeBERTa-v3"
+    # The generator's family: its standalone masked-LM tree and the format it is written in.
+    family, generator_of, generator_format = "ELECTRA", pretrained_lib.electra_generator, ELECTRA_GENERATOR
+    if config.disentangled is not None:
+        family, generator_of, generator_format = "DeBERTa-v3", pretrained_lib.deberta_generator, None
     try:
         if generator_output is not None:
             if "generator" not in params:
                 raise ConversionError(f"has no {family} generator to write to --generator_to")
-            if config.disentangled is None:
+            if family == "ELECTRA":
                 _check_generator_activation(config)
         elif "generator" in params:
             log.warning(
@@ -1530,14 +1494,8 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
         architecture = write_hf_model(output, config, model, tokenizer.pad_id)
         if generator_output is not None:
             write_hf_tokenizer(tokenizer, config, generator_output)
-            if config.disentangled is None:
-                generator_config, generator = pretrained_lib.electra_generator(config, params)
-                write_hf_model(
-                    generator_output, generator_config, generator, tokenizer.pad_id, ELECTRA_GENERATOR
-                )
-            else:
-                generator_config, generator = pretrained_lib.deberta_generator(config, params)
-                write_hf_model(generator_output, generator_config, generator, tokenizer.pad_id)
+            generator_config, generator = generator_of(config, params)
+            write_hf_model(generator_output, generator_config, generator, tokenizer.pad_id, generator_format)
         return architecture
     except ConversionError as e:
         raise ConversionError(f"'{workdir}': {e}") from None

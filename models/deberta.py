@@ -54,15 +54,17 @@ from models.encoder import (
     REMAT_POLICIES,
     EncoderConfig,
     EncoderOutput,
+    TransformerLayer,
     add_and_normalize,
     bias_init,
     constrain_hidden,
-    dense,
+    default_positions,
     drop_probabilities,
     heads_in,
     heads_out,
     kernel_init,
     layer_norm,
+    pool,
     real_rows_init,
 )
 
@@ -186,15 +188,14 @@ class DisentangledSelfAttention(nn.Module):
         return heads_out(cfg)(context)
 
 
-class DebertaLayer(nn.Module):
-    """Post-LN layer with disentangled attention; parameter names as BERT's TransformerLayer.
+class DebertaLayer(TransformerLayer):
+    """Post-LN layer with disentangled attention: BERT's TransformerLayer (the same parameter
+    names, its FFN block) with `DisentangledSelfAttention`, whose attention residual is the
+    query states (the EMD's queries differ from the keys)."""
 
-    The attention residual is the query states (the EMD's queries differ from the keys).
-    """
+    def make_attention(self) -> nn.Module:
+        return DisentangledSelfAttention(self.config)
 
-    config: EncoderConfig
-
-    @nn.compact
     def __call__(
         self,
         hidden: jax.Array,
@@ -207,22 +208,13 @@ class DebertaLayer(nn.Module):
         """hidden: [B, K, H]; query_states: [B, Q, H] or None (= hidden); the rest as
         `DisentangledSelfAttention`. Returns [B, Q, H] compute dtype. `deterministic` is
         positional so that nn.remat can mark it static."""
-        cfg = self.config
         queries = hidden if query_states is None else query_states
-        dropout = nn.Dropout(cfg.dropout_rate)
-        attended = DisentangledSelfAttention(cfg, name="attention")(
+        attended = self.attention(
             hidden, queries, mask, rel_index, rel_embeddings, deterministic=deterministic
         )
-        attended = dropout(attended, deterministic=deterministic)
-        x = constrain_hidden(
-            add_and_normalize(cfg, layer_norm(cfg, name="attention_layer_norm"), queries, attended)
-        )
-        h = dense(cfg, cfg.intermediate_size, (axes.EMBED, axes.MLP), name="intermediate")(x)
-        h = nn.with_logical_constraint(cfg.activation(h), (axes.BATCH, axes.LENGTH, axes.MLP))
-        h = dropout(
-            dense(cfg, cfg.hidden_size, (axes.MLP, axes.EMBED), name="output")(h), deterministic=deterministic
-        )
-        return constrain_hidden(add_and_normalize(cfg, layer_norm(cfg, name="output_layer_norm"), x, h))
+        attended = self.dropout(attended, deterministic=deterministic)
+        x = constrain_hidden(add_and_normalize(self.config, self.attention_layer_norm, queries, attended))
+        return self.feed_forward(x, deterministic)
 
 
 def _layer_call(
@@ -291,21 +283,15 @@ class DebertaEmbeddings(nn.Module):
             word_table = jax.lax.stop_gradient(shared_word_table) + delta
         x = jnp.take(word_table, input_ids, axis=0).astype(jnp.float32)
         position_lookup = None
+        normal = nn.initializers.truncated_normal(cfg.initializer_range)
         if with_positions or opts.position_biased_input:
-            normal = nn.initializers.truncated_normal(cfg.initializer_range)
             position_table = table(cfg.max_position_embeddings, None, normal, "position_embeddings")
             position_lookup = jnp.take(position_table, positions, axis=0).astype(jnp.float32)
             if opts.position_biased_input:
                 x = x + position_lookup
         if cfg.type_vocab_size:
-            x = x + nn.Embed(
-                cfg.type_vocab_size,
-                cfg.embedding_width,
-                dtype=jnp.float32,
-                param_dtype=cfg.storage_dtype,
-                embedding_init=kernel_init(cfg, (None, width_axis)),
-                name="token_type_embeddings",
-            )(segment_ids)
+            types = table(cfg.type_vocab_size, None, normal, "token_type_embeddings")
+            x = x + jnp.take(types, segment_ids, axis=0).astype(jnp.float32)
         if cfg.factorized_embedding:
             x = matmul.Dense(
                 cfg.hidden_size,
@@ -417,7 +403,7 @@ class DebertaEncoder(nn.Module):
         """
         cfg, opts = self.config, self.config.disentangled
         if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+            positions = default_positions(input_ids)
         emd = emd_positions is not None
         if emd:
             check_enhanced_mask_decoder(cfg)
@@ -457,9 +443,6 @@ class DebertaEncoder(nn.Module):
                 x = ConvLayer(cfg, name="conv")(
                     embedded, x, input_mask, example_ids, deterministic=deterministic
                 )
-        pooled = None
-        if cfg.pooler:
-            pooled = jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(x[:, 0]))
         masked_states = None
         if emd:
             masked_states = _enhanced_mask_decoder(
@@ -476,7 +459,7 @@ class DebertaEncoder(nn.Module):
             )
         return EncoderOutput(
             sequence_output=x,
-            pooled_output=pooled,
+            pooled_output=pool(cfg, x),
             word_embeddings=word_table,
             masked_states=masked_states,
         )

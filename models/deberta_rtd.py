@@ -132,17 +132,12 @@ class DebertaRTDModel(nn.Module):
 _DELTA = "word_embeddings_delta"
 
 
-def has_gdes(params: Mapping[str, Any]) -> bool:
-    """Whether a pretraining tree's encoder holds a GDES delta instead of its word table."""
-    return _DELTA in params.get("encoder", {}).get("embeddings", {})
-
-
 def fold_gdes(params: Mapping[str, Any]) -> dict[str, Any]:
     """A DeBERTa-v3 pretraining tree (NumPy or jax arrays) with the discriminator's
     `word_embeddings_delta` replaced by its effective table, `word_embeddings` = the
     generator's table + the delta: a plain DeBERTa encoder tree, what fine-tuning and the
     export read (the original saves the same sum). Trees without GDES come back unchanged."""
-    if not has_gdes(params):
+    if _DELTA not in params.get("encoder", {}).get("embeddings", {}):
         return dict(params)
     embeddings = dict(params["encoder"]["embeddings"])
     delta = embeddings.pop(_DELTA)["embedding"]

@@ -16,6 +16,7 @@ table has 2S rows).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import gin
 import jax
@@ -114,6 +115,7 @@ class DisentangledConfig:
             self.position_buckets if self.position_buckets > 0 else self.max_relative(max_position_embeddings)
         )
 
+    @functools.cache  # noqa: B019  (a frozen config: one table per config, built once per process)
     def index_table(self, max_position_embeddings: int) -> tuple[np.ndarray, int]:
         """(table, R): the relative-table row of every rel in [-R, R] is table[rel + R]
         (int32 [2R + 1]); a rel beyond R reads its end (R covers twice the longest

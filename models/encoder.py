@@ -562,9 +562,13 @@ class TransformerLayer(nn.Module):
 
     config: EncoderConfig
 
+    def make_attention(self) -> nn.Module:
+        """The attention module (`attention`): DeBERTa's layer brings its own."""
+        return SelfAttention(self.config)
+
     def setup(self):
         cfg = self.config
-        self.attention = SelfAttention(cfg)
+        self.attention = self.make_attention()
         self.attention_layer_norm = layer_norm(cfg)
         self.intermediate = dense(cfg, cfg.intermediate_size, (axes.EMBED, axes.MLP))
         self.output = dense(cfg, cfg.hidden_size, (axes.MLP, axes.EMBED))
@@ -629,6 +633,21 @@ class EncoderOutput:
     masked_states: jax.Array | None = None
 
 
+def default_positions(input_ids: jax.Array) -> jax.Array:
+    """Position ids 0..L-1 in every row: [B, L] int32 for [B, L] input_ids."""
+    return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+
+
+def pool(config: EncoderConfig, sequence_output: jax.Array) -> jax.Array | None:
+    """BERT's pooler, tanh(dense(first token)) [B, H], as a submodule `pooler` of the calling
+    (compact) module; None when `config.pooler` is off."""
+    if not config.pooler:
+        return None
+    return jnp.tanh(
+        dense(config, config.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(sequence_output[:, 0])
+    )
+
+
 class Encoder(nn.Module):
     """Embeddings (projected E -> H if factorized), `num_layers` Transformer layers
     (parameters shared as `config.sharing` says) and, if `config.pooler`, the pooler."""
@@ -666,7 +685,7 @@ class Encoder(nn.Module):
         """
         cfg = self.config
         if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+            positions = default_positions(input_ids)
         if embedded is None:
             x, word_embeddings = Embeddings(cfg, name="embeddings")(
                 input_ids, segment_ids, positions, deterministic=deterministic
@@ -709,10 +728,7 @@ class Encoder(nn.Module):
                 attention_owner, ffn_owner = (shared, own) if cfg.sharing == "attention" else (own, shared)
                 x = attention_block(attention_owner, x, mask, deterministic)
                 x = ffn_block(ffn_owner, x, deterministic)
-        pooled = None
-        if cfg.pooler:
-            pooled = jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="pooler")(x[:, 0]))
-        return EncoderOutput(sequence_output=x, pooled_output=pooled, word_embeddings=word_embeddings)
+        return EncoderOutput(sequence_output=x, pooled_output=pool(cfg, x), word_embeddings=word_embeddings)
 
     def _scanned_layers(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
         """The layers as one `lax.scan` over their stacked parameters (`scan_layers`): XLA

@@ -98,7 +98,7 @@ def vocab_fits(tokenizer: tokenizers.Tokenizer, vocab_size: int) -> bool:
     """Whether a tokenizer belongs to a model with `vocab_size` rows: the same size, or for
     DeBERTa's tokenizers no more (the published DeBERTa-v2/v3 tables have 128100 rows for
     128001 tokens: spare rows that no id reaches)."""
-    if tokenizer.identity()["kind"] in tokenizers.DEBERTA_KINDS:
+    if isinstance(tokenizer, tokenizers.DEBERTA_TOKENIZERS):  # not identity(): it hashes the vocab
         return tokenizer.vocab_size <= vocab_size
     return tokenizer.vocab_size == vocab_size
 
