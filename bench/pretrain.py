@@ -2,7 +2,7 @@
 
     python -m bench.pretrain --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 \
         [--dtype=bfloat16] [--steps=10] [--predictions=20] [--mesh=data:1] \
-        [--without=masked_decoding,donation,vocab_padding,f32_accumulation] [--fused_attention] \
+        [--without=masked_decoding,donation,vocab_padding,f32_accumulation,dropout_bits] [--fused_attention] \
         [--dropout_prng=rbg] [--scan_layers] [--profile_dir=DIR]
 
 Builds the real sharded train step (pretrain/step.py `build`, for the gin files' objective,
@@ -18,7 +18,9 @@ measured in the same run and dtype, MFU and peak memory. `--fake_devices=N` runs
 `masked_decoding` (the MLM head decodes all L positions, loss unchanged:
 report.all_positions_batch), `donation` (the state is not donated), `vocab_padding`
 (the vocab is not padded to --vocab_pad_multiple), `f32_accumulation` (matmuls in bf16
-give bf16 products, flax's nn.Dense way: `EncoderConfig.matmul_accumulation = 'compute'`).
+give bf16 products, flax's nn.Dense way: `EncoderConfig.matmul_accumulation = 'compute'`),
+`dropout_bits` (a float32 uniform per dropout-mask element, flax's nn.Dropout way, instead of
+16 bits: `EncoderConfig.dropout_bits = 32`, models/dropout.py).
 `--dropout_prng=rbg` draws the dropout masks with XLA's RngBitGenerator instead of
 threefry (core/prng.py); `--scan_layers` runs the layers as one lax.scan
 (`EncoderConfig.scan_layers`: compile seconds are in the JSON). `--fused_attention` sets attention
@@ -46,7 +48,7 @@ import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow i
 
 from core import cli, prng
 
-OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding", "f32_accumulation")
+OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding", "f32_accumulation", "dropout_bits")
 
 
 def build_parser():
@@ -147,6 +149,7 @@ def _run(args) -> None:
             dtype=args.dtype,
             vocab_pad_multiple=1 if "vocab_padding" in without else args.vocab_pad_multiple,
             matmul_accumulation="compute" if "f32_accumulation" in without else "float32",
+            dropout_bits=32 if "dropout_bits" in without else 16,
             scan_layers=scan_layers,
         )
         if fused_attention:

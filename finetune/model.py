@@ -35,6 +35,7 @@ from flax import traverse_util
 from core import axes
 from core.errors import UserError
 from models.backbone import encoder_module
+from models.dropout import Dropout
 from models.encoder import EncoderConfig, bias_init, dense, kernel_init
 
 log = logging.getLogger("finetune")
@@ -63,7 +64,7 @@ class ClassifierModel(nn.Module):
         encoded = encoder_module(dataclasses.replace(cfg, pooler=uses_pooler), name="encoder")(
             batch["input_ids"], batch["input_mask"], batch["segment_ids"], deterministic=deterministic
         )
-        dropout = nn.Dropout(self.classifier_dropout_rate)
+        dropout = Dropout(self.classifier_dropout_rate, bits=cfg.dropout_bits)
         classifier_init = kernel_init(cfg, (axes.EMBED, None))
         if uses_pooler:
             features = encoded.pooled_output

@@ -49,6 +49,7 @@ from core import axes
 from core.errors import ConfigError
 from models import matmul
 from models.disentangled import relative_index
+from models.dropout import dropout
 from models.encoder import (
     MASKED_LOGIT,
     REMAT_POLICIES,
@@ -59,9 +60,9 @@ from models.encoder import (
     bias_init,
     constrain_hidden,
     default_positions,
-    drop_probabilities,
     heads_in,
     heads_out,
+    hidden_dropout,
     kernel_init,
     layer_norm,
     pool,
@@ -168,7 +169,7 @@ class DisentangledSelfAttention(nn.Module):
 
         # The relative table gets the layer's hidden dropout before its projections (the
         # original's pos_dropout); it has no batch dimension, so it is projected once.
-        rel = nn.Dropout(cfg.dropout_rate)(rel_embeddings, deterministic=deterministic)[None]
+        rel = hidden_dropout(cfg)(rel_embeddings, deterministic=deterministic)[None]
         relative_key = relative_query = None
         if opts.c2p:
             proj = key_proj if opts.share_att_key else heads_in(cfg, "pos_key", use_bias=opts.version > 1)
@@ -180,7 +181,9 @@ class DisentangledSelfAttention(nn.Module):
         probs = jax.nn.softmax(jnp.where(mask, scores, MASKED_LOGIT), axis=-1)
         probs = jnp.where(mask, probs, 0.0)
         if not deterministic and cfg.attention_dropout_rate > 0.0:
-            probs = drop_probabilities(probs, cfg.attention_dropout_rate, self.make_rng("dropout"))
+            probs = dropout(
+                probs, cfg.attention_dropout_rate, self.make_rng("dropout"), bits=cfg.dropout_bits
+            )
         context = matmul.einsum(
             "bnqk,bknd->bqnd", probs, value, cfg.compute_dtype, accumulate_f32=cfg.accumulate_f32
         ).astype(cfg.compute_dtype)
@@ -302,7 +305,7 @@ class DebertaEmbeddings(nn.Module):
                 name="embedding_projection",
             )(x)
         x = layer_norm(cfg, name="layer_norm")(x) * input_mask[..., None]
-        x = nn.Dropout(cfg.dropout_rate)(x.astype(cfg.compute_dtype), deterministic=deterministic)
+        x = hidden_dropout(cfg)(x.astype(cfg.compute_dtype), deterministic=deterministic)
         return constrain_hidden(x), word_table, position_lookup
 
 
@@ -357,7 +360,7 @@ class ConvLayer(nn.Module):
                 "blh,ho->blo", taps, kernel[tap], cfg.compute_dtype, accumulate_f32=cfg.accumulate_f32
             ).astype(jnp.float32)
         out = jnp.where(input_mask[..., None].astype(bool), out, 0.0)
-        out = nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
+        out = hidden_dropout(cfg)(out, deterministic=deterministic)
         out = _CONV_ACTIVATIONS[cfg.disentangled.conv_act](out)
         y = add_and_normalize(cfg, layer_norm(cfg, name="layer_norm"), residual, out)
         return constrain_hidden(y * input_mask[..., None].astype(y.dtype))

@@ -55,6 +55,7 @@ from core import axes
 from core.errors import ConfigError
 from models import matmul
 from models.disentangled import DisentangledConfig
+from models.dropout import DROPOUT_BITS, Dropout, dropout
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # HF configs' "gelu" is the exact erf form. google-research/bert's modeling.py used erf
@@ -93,6 +94,10 @@ class EncoderConfig:
     Attributes:
       dropout_rate: hidden dropout (embeddings, attention output, FFN output).
       attention_dropout_rate: dropout on the attention probabilities.
+      dropout_bits: random bits per element of a dropout mask: 16 (default; four
+        elements per threefry block, models/dropout.py) or 32 (flax's nn.Dropout, a
+        float32 uniform per element), kept to measure what 16 buys (`bench.pretrain
+        --without=dropout_bits`).
       hidden_act: "gelu" (exact erf GELU: HF "gelu", the released BERT checkpoints) or
         "gelu_tanh" (the tanh approximation: ALBERT, HF "gelu_new").
       initializer_range: stddev of the truncated normal for kernels and embeddings.
@@ -151,6 +156,7 @@ class EncoderConfig:
     type_vocab_size: int = 2
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
+    dropout_bits: int = 16
     hidden_act: str = "gelu"
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
@@ -196,6 +202,8 @@ class EncoderConfig:
         for name in ("dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 fail(name, "in [0, 1)")
+        if self.dropout_bits not in DROPOUT_BITS:
+            fail("dropout_bits", f"one of {DROPOUT_BITS}")
         if self.hidden_act not in _ACTIVATIONS:
             fail("hidden_act", f"one of {sorted(_ACTIVATIONS)}")
         for name in ("dtype", "param_dtype"):
@@ -420,10 +428,9 @@ def heads_out(config: EncoderConfig) -> matmul.Einsum:
     )
 
 
-def drop_probabilities(probs: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
-    """Inverted dropout on attention probabilities (any shape, float32)."""
-    keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
-    return jnp.where(keep, probs / (1.0 - rate), 0.0)
+def hidden_dropout(cfg: EncoderConfig) -> Dropout:
+    """The hidden-state dropout (rate `dropout_rate`, masks of `dropout_bits`)."""
+    return Dropout(cfg.dropout_rate, bits=cfg.dropout_bits)
 
 
 def explicit_attention(
@@ -434,6 +441,7 @@ def explicit_attention(
     *,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    dropout_bits: int = 16,
     accumulate_f32: bool = True,
 ) -> jax.Array:
     """Softmax attention written out step by step, with dropout on the probabilities.
@@ -448,6 +456,7 @@ def explicit_attention(
       mask: bool, broadcastable to [B, N, L, L]; True = may attend.
       dropout_rate: probability of dropping an attention probability.
       dropout_rng: PRNG key for the dropout; None = no dropout.
+      dropout_bits: random bits per mask element (`EncoderConfig.dropout_bits`).
       accumulate_f32: `EncoderConfig.matmul_accumulation == "float32"` (models/matmul.py).
     Returns:
       [B, L, N, D] in value's dtype.
@@ -457,7 +466,7 @@ def explicit_attention(
     logits = dot("btnd,bsnd->bnts", query, key).astype(jnp.float32) * scale
     probs = jax.nn.softmax(jnp.where(mask, logits, MASKED_LOGIT), axis=-1)
     if dropout_rng is not None and dropout_rate > 0.0:
-        probs = drop_probabilities(probs, dropout_rate, dropout_rng)
+        probs = dropout(probs, dropout_rate, dropout_rng, bits=dropout_bits)
     return dot("bnts,bsnd->btnd", probs, value).astype(value.dtype)
 
 
@@ -492,6 +501,7 @@ class SelfAttention(nn.Module):
                 mask,
                 dropout_rate=cfg.attention_dropout_rate,
                 dropout_rng=self.make_rng("dropout"),
+                dropout_bits=cfg.dropout_bits,
                 accumulate_f32=cfg.accumulate_f32,
             )
         context = nn.with_logical_constraint(context, heads_axes)
@@ -546,7 +556,7 @@ class Embeddings(nn.Module):
         if cfg.type_vocab_size:
             x = x + table(cfg.type_vocab_size, None, "token_type_embeddings")(segment_ids)
         x = layer_norm(cfg, width_axis, name="layer_norm")(x).astype(cfg.compute_dtype)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        x = hidden_dropout(cfg)(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, (axes.BATCH, axes.LENGTH, width_axis)), word_embeddings.embedding
 
 
@@ -573,7 +583,7 @@ class TransformerLayer(nn.Module):
         self.intermediate = dense(cfg, cfg.intermediate_size, (axes.EMBED, axes.MLP))
         self.output = dense(cfg, cfg.hidden_size, (axes.MLP, axes.EMBED))
         self.output_layer_norm = layer_norm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = hidden_dropout(cfg)
 
     def attend(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
         """The attention block. x: [B, L, H] compute dtype; mask: from `attention_mask`."""

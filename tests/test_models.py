@@ -71,6 +71,7 @@ def tiny():
         ({"param_dtype": "int8"}, "param_dtype"),
         ({"attention_implementation": "flash"}, "attention_implementation"),
         ({"dropout_rate": 1.0}, "dropout_rate"),
+        ({"dropout_bits": 8}, "dropout_bits"),
         ({"num_layers": 0}, "num_layers"),
         ({"sharing": "layers"}, "sharing"),
         ({"embedding_size": 0}, "embedding_size"),

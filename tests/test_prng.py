@@ -1,4 +1,5 @@
-"""Dropout's PRNG choice (core/prng.py): deterministic, distinct from threefry, sharding-proof."""
+"""Dropout's PRNG choice (core/prng.py) drawing models/dropout.py's masks: deterministic,
+distinct from threefry, sharding-proof."""
 
 import jax
 import numpy as np
@@ -7,12 +8,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from core import prng, sharding
 from core.errors import ConfigError
+from models import dropout
 
 KEY = jax.random.key(3)
 
 
 def _mask(name, key=KEY, out_shardings=None):
-    draw = lambda k: jax.random.bernoulli(jax.random.fold_in(prng.dropout_key(k, name), 5), 0.9, (16, 64))  # noqa: E731
+    draw = lambda k: dropout.keep_mask(jax.random.fold_in(prng.dropout_key(k, name), 5), 0.1, (16, 64))  # noqa: E731
     return np.asarray(jax.jit(draw, out_shardings=out_shardings)(key))
 
 

@@ -1,0 +1,104 @@
+"""Dropout whose masks cost a quarter of the random bits of flax's.
+
+flax's `nn.Dropout` (through `jax.random.bernoulli`) draws a float32 uniform, 32 random
+bits, for every element. With JAX's partitionable threefry (the default since JAX 0.5)
+each of those is one threefry2x32 block (about a hundred integer operations) whose two
+output words are XORed into one, and a BERT-base step at 32 x 128 draws 154M of them
+(the attention probabilities and hidden states of 12 layers). Here each block's two
+words are kept and cut into four 16-bit numbers, one per element: a quarter of the
+blocks. An 8 x 12 x 128 x 128 mask took 1.06 ms instead of 4.15 (AMD EPYC, 2 vCPUs, best
+of 20, `keep_mask` against `jax.random.bernoulli`).
+
+An element is kept when its 16 bits are >= round(rate * 2**16): the drop rate is the
+configured one to within 2**-17 (0.1 -> 0.10000610), and kept values are scaled by the
+exact 1 / keep probability, so the expected output equals the input as with flax.
+
+The block for the 4 elements [..., 4j : 4j + 4] of a mask of shape [..., n] hashes the
+counter (row, j), row being the flat index of the leading axes: a mask is a function of
+(key, element index) only, identical on every platform and under every sharding, and
+exactly resumable (tests/test_dropout.py). Keys of another implementation (`rbg`,
+`unsafe_rbg`: core/prng.py) draw 16 bits per element through `jax.random.bits`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.extend.random import threefry2x32_p
+
+#: `EncoderConfig.dropout_bits`: 16 = this module's masks; 32 = flax's (jax.random.bernoulli).
+DROPOUT_BITS = (16, 32)
+_LEVELS = 1 << 16
+
+
+def _threshold(rate: float) -> int:
+    return round(rate * _LEVELS)
+
+
+def keep_probability(rate: float, bits: int = 16) -> float:
+    """The probability that `keep_mask` keeps an element: 1 - rate, rounded to 2**-16
+    with 16 bits."""
+    return 1.0 - _threshold(rate) / _LEVELS if bits == 16 else 1.0 - rate
+
+
+def _threefry_keep(rng: jax.Array, threshold: int, shape: tuple[int, ...]) -> jax.Array:
+    """bool [*shape]: each element's 16 random bits >= threshold, four elements per
+    threefry2x32 block."""
+    *lead, last = shape
+    rows = math.prod(lead)
+    if rows >= 2**32:
+        raise ValueError(
+            f"dropout mask {shape}: 2**32 rows or more do not fit the 16-bit masks' row counter; "
+            "set EncoderConfig.dropout_bits = 32"
+        )
+    words = -(-last // 4)
+    grid = (*lead, words)
+    row = jnp.zeros(grid, jnp.uint32)
+    for axis in range(len(lead)):
+        stride = jnp.uint32(math.prod(lead[axis + 1 :]))
+        row = row + jax.lax.broadcasted_iota(jnp.uint32, grid, axis) * stride
+    column = jax.lax.broadcasted_iota(jnp.uint32, grid, len(lead))
+    k1, k2 = jax.random.key_data(rng)
+    y1, y2 = threefry2x32_p.bind(k1, k2, row, column)
+    # Compared before they are interleaved: XLA then writes one byte per element
+    # instead of a uint32 array of the quarters.
+    quarters = [y1 & 0xFFFF, y1 >> 16, y2 & 0xFFFF, y2 >> 16]
+    keep = jnp.stack([quarter >= threshold for quarter in quarters], axis=-1)
+    return keep.reshape(*lead, 4 * words)[..., :last]
+
+
+def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...], bits: int = 16) -> jax.Array:
+    """bool [*shape], True with probability `keep_probability(rate, bits)`, from `bits`
+    random bits each (32: jax.random.bernoulli, as flax's nn.Dropout).
+
+    rng: a typed key (`jax.random.key`) or a raw uint32[2] threefry key."""
+    if bits == 32:
+        return jax.random.bernoulli(rng, 1.0 - rate, shape)
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.wrap_key_data(rng)
+    if shape and str(jax.random.key_impl(rng)) == "threefry2x32":
+        return _threefry_keep(rng, _threshold(rate), tuple(shape))
+    return jax.random.bits(rng, shape, jnp.uint16) >= _threshold(rate)
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array, bits: int = 16) -> jax.Array:
+    """Inverted dropout of `x` (any shape and dtype): dropped elements 0, kept ones / keep
+    probability, in x's dtype."""
+    keep = keep_mask(rng, rate, x.shape, bits)
+    return jnp.where(keep, x / jnp.asarray(keep_probability(rate, bits), x.dtype), jnp.zeros_like(x))
+
+
+class Dropout(nn.Module):
+    """nn.Dropout drawing `keep_mask`'s masks from the 'dropout' PRNG stream."""
+
+    rate: float
+    bits: int = 16
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        return dropout(x, self.rate, self.make_rng("dropout"), self.bits)

@@ -1,0 +1,97 @@
+"""Dropout from 16 random bits per element (models/dropout.py): rate, independence,
+scaling, determinism, sharding."""
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from core import sharding
+from models import dropout
+
+KEY = jax.random.key(11)
+
+
+def test_keep_probability_is_the_rate_to_within_2_to_the_minus_17():
+    assert dropout.keep_probability(0.1) == 1 - 6554 / 65536
+    for rate in (0.0, 0.05, 0.1, 0.3, 0.5, 0.9):
+        assert abs((1 - dropout.keep_probability(rate)) - rate) <= 2**-17
+
+
+@pytest.mark.parametrize("shape", [(512, 1024), (8192, 63)], ids=["paired", "odd last axis"])
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_keep_rate_and_independence(shape, rate):
+    keep = np.asarray(dropout.keep_mask(KEY, rate, shape))
+    assert keep.shape == shape and keep.dtype == bool
+    p = dropout.keep_probability(rate)
+    sigma = np.sqrt(p * (1 - p) / keep.size)
+    assert abs(keep.mean() - p) < 5 * sigma
+    # The two halves of one random word (neighbours on the last axis) are independent:
+    # both dropped as often as rate squared, and each column alike.
+    even, odd = keep[:, 0 : shape[-1] - 1 : 2], keep[:, 1::2]
+    both = np.mean(~even & ~odd)
+    q = 1 - p
+    assert abs(both - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / even.size)
+    assert abs(even.mean() - odd.mean()) < 10 * sigma
+    rows = keep.mean(axis=1)  # no row (one word index range) is special
+    assert rows.std() < 3 * np.sqrt(p * (1 - p) / shape[1])
+
+
+def test_deterministic_per_key():
+    first = np.asarray(dropout.keep_mask(KEY, 0.1, (64, 128)))
+    np.testing.assert_array_equal(first, dropout.keep_mask(KEY, 0.1, (64, 128)))
+    assert not np.array_equal(first, dropout.keep_mask(jax.random.key(12), 0.1, (64, 128)))
+    # A raw uint32[2] key is the same threefry key.
+    np.testing.assert_array_equal(first, dropout.keep_mask(jax.random.key_data(KEY), 0.1, (64, 128)))
+
+
+def test_a_mask_too_large_for_the_row_counter_is_a_clear_error():
+    with pytest.raises(ValueError, match="dropout_bits = 32"):
+        jax.eval_shape(lambda k: dropout.keep_mask(k, 0.1, (2**16, 2**16, 4)), KEY)
+
+
+def test_inverted_scaling_keeps_the_expectation():
+    x = jnp.ones((256, 512), jnp.float32)
+    y = np.asarray(dropout.dropout(x, 0.1, KEY))
+    kept = y[y != 0]
+    np.testing.assert_allclose(kept, 1 / dropout.keep_probability(0.1), rtol=1e-7)
+    assert abs(y.mean() - 1.0) < 5 * np.sqrt(0.1 / 0.9 / y.size)
+    bf16 = dropout.dropout(x.astype(jnp.bfloat16), 0.1, KEY)
+    assert bf16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(bf16) != 0, y != 0)
+
+
+@pytest.mark.parametrize("spec", [PartitionSpec("data"), PartitionSpec(None, None, "data")])
+def test_identical_across_shardings(spec):
+    """Leading-axis (batch) and last-axis (hidden, tensor-parallel) shardings draw the
+    same mask as one device: the masks depend on the key and element index only."""
+    mesh = sharding.Partitioner.create("data:8").mesh
+    draw = jax.jit(lambda k: dropout.keep_mask(k, 0.1, (16, 32, 64)), out_shardings=NamedSharding(mesh, spec))
+    np.testing.assert_array_equal(
+        np.asarray(draw(KEY)), np.asarray(dropout.keep_mask(KEY, 0.1, (16, 32, 64)))
+    )
+
+
+def test_32_bits_is_flax_bernoulli():
+    """`EncoderConfig.dropout_bits = 32`, kept to measure what 16 bits buy, is flax's mask."""
+    assert dropout.keep_probability(0.1, bits=32) == 0.9
+    np.testing.assert_array_equal(
+        dropout.keep_mask(KEY, 0.1, (8, 64), bits=32), jax.random.bernoulli(KEY, 0.9, (8, 64))
+    )
+    x = jnp.ones((8, 64))
+    flax_out = flax.linen.Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": KEY})
+    ours = dropout.Dropout(0.1, bits=32).apply({}, x, deterministic=False, rngs={"dropout": KEY})
+    np.testing.assert_array_equal(ours, flax_out)
+
+
+def test_module_draws_from_the_dropout_stream_and_is_identity_when_deterministic():
+    layer = dropout.Dropout(0.1)
+    x = jnp.ones((4, 64))
+    np.testing.assert_array_equal(layer.apply({}, x, deterministic=True), x)
+    np.testing.assert_array_equal(dropout.Dropout(0.0).apply({}, x, deterministic=False), x)
+    dropped = layer.apply({}, x, deterministic=False, rngs={"dropout": KEY})
+    assert 0 < np.mean(np.asarray(dropped) == 0) < 0.3
+    with pytest.raises(flax.errors.InvalidRngError):
+        layer.apply({}, x, deterministic=False)
