@@ -28,15 +28,40 @@ def test_keep_rate_and_independence(shape, rate):
     p = dropout.keep_probability(rate)
     sigma = np.sqrt(p * (1 - p) / keep.size)
     assert abs(keep.mean() - p) < 5 * sigma
-    # The two halves of one random word (neighbours on the last axis) are independent:
-    # both dropped as often as rate squared, and each column alike.
-    even, odd = keep[:, 0 : shape[-1] - 1 : 2], keep[:, 1::2]
-    both = np.mean(~even & ~odd)
+    # The four quarters of one random block (elements 4j..4j+3) are independent: every
+    # pair of them is dropped together as often as rate squared.
     q = 1 - p
-    assert abs(both - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / even.size)
-    assert abs(even.mean() - odd.mean()) < 10 * sigma
+    columns = [keep[:, offset::4] for offset in range(4)]
+    width = min(c.shape[1] for c in columns)
+    for a in range(4):
+        for b in range(a + 1, 4):
+            both = np.mean(~columns[a][:, :width] & ~columns[b][:, :width])
+            assert abs(both - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / (shape[0] * width)), (a, b)
     rows = keep.mean(axis=1)  # no row (one word index range) is special
     assert rows.std() < 3 * np.sqrt(p * (1 - p) / shape[1])
+
+
+def test_rows_are_counted_over_every_leading_axis():
+    """The row counter is the flat index of the leading axes: a [3, 5, n] mask is the
+    [15, n] one reshaped, and no two rows repeat."""
+    flat = np.asarray(dropout.keep_mask(KEY, 0.5, (15, 64)))
+    np.testing.assert_array_equal(dropout.keep_mask(KEY, 0.5, (3, 5, 64)), flat.reshape(3, 5, 64))
+    assert len({row.tobytes() for row in flat}) == 15
+
+
+def test_rate_zero_keeps_everything_and_rate_one_drops_everything():
+    assert np.asarray(dropout.keep_mask(KEY, 0.0, (512, 512))).all()  # kept at bits >= 0
+    x = jnp.ones((8, 64))
+    for rate in (1.0, 1 - 2**-18):  # the second rounds to a zero keep probability
+        y, grad = jax.value_and_grad(lambda x: jnp.sum(dropout.dropout(x, rate, KEY)))(x)  # noqa: B023
+        assert y == 0 and np.all(np.asarray(grad) == 0)
+
+
+def test_bad_bits_and_batched_keys_are_clear_errors():
+    with pytest.raises(ValueError, match="bits must be one of"):
+        dropout.keep_mask(KEY, 0.1, (4, 4), bits=8)
+    with pytest.raises(ValueError, match="one key"):
+        dropout.keep_mask(jax.random.split(KEY, 2), 0.1, (4, 4))
 
 
 def test_deterministic_per_key():
