@@ -1479,7 +1479,7 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
         if generator_output is not None:
             if "generator" not in params:
                 raise ConversionError(f"has no {family} generator to write to --generator_to")
-            if family == "ELECTRA":
+            if config.disentangled is None:
                 _check_generator_activation(config)
         elif "generator" in params:
             log.warning(
