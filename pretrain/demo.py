@@ -1,11 +1,14 @@
-"""`make demo`: a small BERT pretrained on the English documentation that ships with CPython.
+"""`make demo`: a small model pretrained on the English documentation that ships with CPython.
 
-    python -m pretrain.demo --workdir=workdirs/demo [--gin_bindings=run.steps=100]
+    python -m pretrain.demo --workdir=workdirs/demo [--gin_file=configs/runs/demo.gin]
+        [--gin_bindings=run.steps=100]
 
 1. trains a WordPiece vocabulary on the embedded demo corpus (data.corpora "demo"),
 2. preprocesses the corpus into shards (train / held-out documents),
-3. pretrains `configs/runs/demo.gin` (MLM + NSP) on this machine's CPU,
-4. reports held-out MLM and NSP accuracy at the start and the end next to the unigram
+3. pretrains `--gin_file` on this machine's CPU: by default `configs/runs/demo_deberta.gin`
+   (2 layers of 128 with DeBERTa's relative attention, MLM through its enhanced mask
+   decoder); `configs/runs/demo.gin` is BERT-Tiny with MLM + NSP,
+4. reports held-out MLM (and NSP) accuracy at the start and the end next to the unigram
    baseline (always predicting the most frequent training token), tokens/s, the
    model filling [MASK] in held-out sentences, and saves `loss_curve.png`.
 
@@ -24,13 +27,14 @@ import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow i
 
 from core import cli
 
-_GIN_FILE = "configs/runs/demo.gin"
+_GIN_FILE = "configs/runs/demo_deberta.gin"
 _NUM_EXAMPLES = 6
 
 
 def build_parser():
     parser = cli.parser(__doc__, "pretrain.demo")
     parser.add_argument("--workdir", default="workdirs/demo", help="where everything goes")
+    parser.add_argument("--gin_file", default=_GIN_FILE, help="the run's gin file")
     parser.add_argument(
         "--gin_bindings", action="append", default=[], help="extra gin binding for the run, repeatable"
     )
@@ -136,7 +140,9 @@ def _run(args) -> None:
     import gin
 
     from core import metrics_log
+    from core import workdir as workdir_lib
     from data import pipeline, preprocess
+    from models import pretrained
     from models.encoder import EncoderConfig
     from pretrain import trainer
 
@@ -165,19 +171,26 @@ def _run(args) -> None:
             f"'{data_dir}' holds shards an older version made: start the demo afresh with "
             f"`make clean-demo` (rm -rf {workdir})"
         ) from None
-    print(f"[3/4] pretraining {_GIN_FILE} -> {run_dir}")
+    print(f"[3/4] pretraining {args.gin_file} -> {run_dir}")
     cli.parse_gin(
-        [_GIN_FILE],
+        [args.gin_file],
         [
             f"EncoderConfig.vocab_size = {tokenizer.vocab_size}",
             f"run.data_dir = '{data_dir}'",
             *args.gin_bindings,
         ],
     )
+    model_config = EncoderConfig()
+    if os.path.exists(os.path.join(run_dir, workdir_lib.MODEL_CONFIG)):
+        if pretrained.load_model_config(run_dir) != model_config:
+            # E.g. the BERT-Tiny run of a `make demo` from before its model changed.
+            raise workdir_lib.WorkdirError(
+                f"'{run_dir}' holds a run of another model than {args.gin_file}'s: start the demo "
+                f"afresh with `make clean-demo` (rm -rf {workdir}), or pass another --workdir"
+            )
     summary = trainer.run(run_dir)
     print("[4/4] report")
     pipeline_config = pipeline.PipelineConfig()
-    model_config = EncoderConfig()
     batch_size = gin.query_parameter("run.batch_size")
     # The step-0 evaluation is in metrics.jsonl even when this call only resumed a finished run.
     start_eval = next((r for r in metrics_log.read(run_dir, "eval") if r["step"] == 0), {})

@@ -177,10 +177,6 @@ class Trainer:
             s.batch_size, self.partitioner.mesh, jax.process_count(), s.microbatches
         )
         checkpointing.check_writable(workdir)
-        if jax.process_index() == 0:
-            with tf.io.gfile.GFile(os.path.join(workdir, "config.gin"), "w") as f:
-                f.write(gin.config_str())
-            pretrained_lib.write_model_info(workdir, s.model_config, s.data_dir)
         self.phases = Phases(
             s.pipeline_config, s.phase2_start, s.phase2_pipeline_config, s.steps, s.model_config
         )
@@ -256,6 +252,9 @@ class Trainer:
         state, resumed_from = self.ckpt.restore_latest(
             self.steps.states.abstract, iterator_for, reset_iterator=s.reset_data_iterator
         )
+        # Written only now: a restore refused (another model, a damaged checkpoint) must leave
+        # the workdir's description of its checkpoints as it was.
+        self._write_run_info()
         if resumed_from is not None:
             log.info(
                 "resumed from step %d in %s (phase %d)",
@@ -273,6 +272,14 @@ class Trainer:
             log.info("starting from the parameters of %s", s.init_from)
         # A stream no failed restore has touched.
         return state, self.train_iterator(0), None
+
+    def _write_run_info(self) -> None:
+        """config.gin, and the model config and tokenizer that readers of the workdir load."""
+        s = self.settings
+        if jax.process_index() == 0:
+            with tf.io.gfile.GFile(os.path.join(self.workdir, "config.gin"), "w") as f:
+                f.write(gin.config_str())
+            pretrained_lib.write_model_info(self.workdir, s.model_config, s.data_dir)
 
     def evaluate(self, params: Any, step: int) -> dict[str, float]:
         """Mean metrics over the first `eval_batches` held-out batches (always the same rows),

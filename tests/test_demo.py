@@ -40,7 +40,7 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
     report = (tmp_path / "report.txt").read_text()
     for expected in (
         "mlm_accuracy",
-        "sentence_accuracy",
+        "(DebertaMLM)",
         "unigram baseline",
         "tokens/s",
         "fill-mask",
@@ -71,3 +71,26 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "up to date" in again.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["resumed_from"] == 40
+    # The same workdir with another demo model (e.g. a `make demo` from before its model
+    # changed): one error line before anything is written, the run's files as they were.
+    described = (tmp_path / "run" / "model_config.json").read_text()
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain.demo",
+            f"--workdir={tmp_path}",
+            "--vocab_size=2000",
+            "--gin_file=configs/runs/demo.gin",
+            "--gin_bindings=run.steps=40",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert other.returncode != 0
+    assert "holds a run of another model than configs/runs/demo.gin's" in other.stderr.splitlines()[-1]
+    assert "make clean-demo" in other.stderr
+    assert (tmp_path / "run" / "model_config.json").read_text() == described

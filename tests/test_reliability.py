@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from core import checkpointing, preemption
 from data import pipeline
+from models import pretrained
 from models.encoder import EncoderConfig
 from pretrain.monitor import DivergedError
 from tests.test_train import DATA, TINY, _run, data_dir  # noqa: F401  (data_dir is a fixture)
@@ -89,6 +90,7 @@ def test_skip_budget_exhausted_stops(tmp_path, data_dir, poisoned_steps):  # noq
 @pytest.mark.slow(15)
 def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, data_dir):  # noqa: F811
     _run(tmp_path, data_dir, steps=5)
+    described = {name: (tmp_path / name).read_text() for name in ("model_config.json", "config.gin")}
     wider = EncoderConfig(**{**TINY.__dict__, "intermediate_size": 48})
     with pytest.raises(
         checkpointing.CheckpointError,
@@ -97,6 +99,9 @@ def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, data_dir): 
         _run(tmp_path, data_dir, steps=10, model_config=wider)
     assert os.listdir(tmp_path / "checkpoints") == ["5"]
     assert not os.path.exists(tmp_path / checkpointing.BAD_CHECKPOINTS)
+    # The refused run left the workdir's description of its checkpoints as it was.
+    assert {name: (tmp_path / name).read_text() for name in described} == described
+    assert pretrained.load_model_config(str(tmp_path)).intermediate_size == TINY.intermediate_size
 
 
 @pytest.mark.slow(20)
