@@ -45,11 +45,13 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
         "tokens/s",
         "fill-mask",
         "answer:",
+        "over all",
     ):
         assert expected in report
     assert (tmp_path / "run" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["step"] == 40 and 0 < summary["unigram_baseline"] < 1
+    assert 0 <= summary["fill_mask_top1"] <= summary["fill_mask_top5"] <= 1
     assert summary["initial_eval"]["loss"] > summary["loss"]
     # Run again: every stage is found done, the run resumes at its last step and only reports.
     again = subprocess.run(
