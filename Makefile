@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= workdirs/demo
+# The demo's run; configs/runs/demo.gin is BERT-Tiny (MLM + NSP), e.g. with WORKDIR=workdirs/demo_bert.
+DEMO_GIN ?= configs/runs/demo_deberta.gin
 # 8 fake CPU devices so sharding tests see a mesh; harmless for the demo (it uses them all).
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 TF_CPP_MIN_LOG_LEVEL=2
 
@@ -17,13 +19,14 @@ $(VENV)/.installed: requirements.txt requirements-test.txt
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pretrain.demo --workdir=$(WORKDIR)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pretrain.demo --workdir=$(WORKDIR) --gin_file=$(DEMO_GIN)
 
 # GLUE end to end, offline: fine-tune the demo's pretrained model on a GLUE-format task made
-# from the embedded corpus. Runs `make demo`'s pretraining first when it has not finished
-# (a shorter one leaves the model at chance on the task).
+# from the embedded corpus. Runs `make demo` first: its pretraining when it has not finished
+# (a shorter one leaves the model at chance on the task), else only its report (and its
+# refusal of a workdir of another demo model).
 demo-glue: $(VENV)/.installed
-	test -f $(WORKDIR)/run/summary.json || TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pretrain.demo --workdir=$(WORKDIR)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pretrain.demo --workdir=$(WORKDIR) --gin_file=$(DEMO_GIN)
 	$(PY) -m finetune.demo_task --output=$(WORKDIR)/glue_data
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m finetune.glue --init_checkpoint=$(WORKDIR)/run --tasks=word_order \
 		--glue_dir=$(WORKDIR)/glue_data --workdir=$(WORKDIR)/glue --gin_file=configs/glue/demo.gin

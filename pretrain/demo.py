@@ -18,6 +18,7 @@ only reports (or resumes an interrupted training run).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -72,10 +73,11 @@ def _unigram_baseline(data_dir: str, eval_batches) -> tuple[float, str]:
 
 
 def _fill_mask_examples(workdir: str) -> tuple[list[str], dict[str, float]]:
-    """Masks one whole word, chosen at random, in every held-out sentence of 8-20 words and
-    has the model (models.predict's fill-mask on the run's workdir: any objective with an MLM
-    head) fill it. Returns the report lines (a few of them shown with the model's top 5,
-    then the hit rates over all) and the rates."""
+    """Masks one word, chosen at random among its words that are a single wordpiece, in each
+    held-out sentence of 8-20 words that has one, and has the model (models.predict's
+    fill-mask on the run's workdir: any objective with an MLM head) fill it. Returns the
+    report lines (a few sentences with the model's top 5, then the hit rates over all of
+    them) and the rates."""
     import numpy as np
 
     from data import corpora
@@ -86,10 +88,11 @@ def _fill_mask_examples(workdir: str) -> tuple[list[str], dict[str, float]]:
     docs = [d for d in corpora.demo_documents() if corpora.is_heldout(d, 0.05)]
     sentences = [s for d in docs for s in d.sentences if 8 <= len(s.split()) <= 20]
     rng = np.random.default_rng(0)
-    rows, shown = [], []
+    rows, texts, answers = [], [], []
     for sentence in sentences:
         ids = tokenizer.encode(sentence)[: model.config.max_length - 2]
-        # One whole word (a single alphabetic wordpiece), chosen at random: a fair sample.
+        # Words that are one alphabetic wordpiece (none of "##" pieces): a whole word is
+        # masked, and the model's top 5 can hold it.
         words = [
             i
             for i, t in enumerate(ids)
@@ -99,31 +102,26 @@ def _fill_mask_examples(workdir: str) -> tuple[list[str], dict[str, float]]:
         if not words:
             continue
         target = int(rng.choice(words))
-        original = ids[target]
+        answers.append(tokenizer.id_to_token(ids[target]))
         ids[target] = tokenizer.mask_id
         rows.append([tokenizer.cls_id, *ids, tokenizer.sep_id])
-        text = tokenizer.decode(ids).replace(tokenizer.id_to_token(tokenizer.mask_id), "[MASK]")
-        shown.append((text, tokenizer.id_to_token(original)))
-    guesses = []
-    for start in range(0, len(rows), 64):  # bounded memory: [64, length, vocab] probabilities
-        guesses += [
-            [token for token, _ in c] for (c,) in predict.fill_mask_ids(model, rows[start : start + 64], 5)
-        ]
-    hits = [answer in tokens for (_, answer), tokens in zip(shown, guesses)]
+        texts.append(tokenizer.decode(ids).replace(tokenizer.id_to_token(tokenizer.mask_id), "[MASK]"))
+    # One call (one compilation): its probabilities are [rows, 1, vocab].
+    guesses = [[token for token, _ in c] for (c,) in predict.fill_mask_ids(model, rows, 5)]
     lines = []
     for i in range(0, len(rows), max(1, len(rows) // _NUM_EXAMPLES))[:_NUM_EXAMPLES]:
-        (text, answer), tokens = shown[i], guesses[i]
         # The answer, when among the model's five, is shown in brackets.
-        listed = ", ".join(f"[{token}]" if token == answer else token for token in tokens)
-        lines.append(f"  {text}\n    answer: {answer}   model: {listed}")
+        listed = ", ".join(f"[{token}]" if token == answers[i] else token for token in guesses[i])
+        lines.append(f"  {texts[i]}\n    answer: {answers[i]}   model: {listed}")
+    count = max(1, len(rows))
     rates = {
-        "fill_mask_top1": sum(tokens[0] == answer for (_, answer), tokens in zip(shown, guesses)) / len(rows),
-        "fill_mask_top5": sum(hits) / len(rows),
+        "fill_mask_top1": sum(g[0] == a for g, a in zip(guesses, answers)) / count,
+        "fill_mask_top5": sum(a in g for g, a in zip(guesses, answers)) / count,
     }
     lines.append(
-        f"  over all {len(rows)} held-out sentences of 8-20 words (one random word masked in each): "
-        f"the answer is the model's first guess in {rates['fill_mask_top1']:.0%}, in its top 5 in "
-        f"{rates['fill_mask_top5']:.0%}"
+        f"  over all {len(rows)} held-out sentences of 8-20 words (one random single-wordpiece word "
+        f"masked in each): the answer is the model's first guess in {rates['fill_mask_top1']:.0%}, "
+        f"in its top 5 in {rates['fill_mask_top5']:.0%}"
     )
     return lines, rates
 
@@ -195,11 +193,18 @@ def _run(args) -> None:
     )
     model_config = EncoderConfig()
     if os.path.exists(os.path.join(run_dir, workdir_lib.MODEL_CONFIG)):
-        if pretrained.load_model_config(run_dir) != model_config:
+        saved = pretrained.load_model_config(run_dir)
+        if saved != model_config:
             # E.g. the BERT-Tiny run of a `make demo` from before its model changed.
+            differ = [
+                f.name
+                for f in dataclasses.fields(saved)
+                if getattr(saved, f.name) != getattr(model_config, f.name)
+            ]
             raise workdir_lib.WorkdirError(
-                f"'{run_dir}' holds a run of another model than {args.gin_file}'s: start the demo "
-                f"afresh with `make clean-demo` (rm -rf {workdir}), or pass another --workdir"
+                f"'{run_dir}' holds a run of another model than {args.gin_file}'s (EncoderConfig "
+                f"differs in {', '.join(differ)}): start the demo afresh with `make clean-demo` "
+                f"(rm -rf {workdir}), or pass another --workdir"
             )
     summary = trainer.run(run_dir)
     print("[4/4] report")

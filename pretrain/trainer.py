@@ -201,7 +201,6 @@ class Trainer:
         checkpointing.check_free_space(workdir, checkpointing.state_bytes(abstract), s.max_checkpoints)
         self.ckpt = Checkpointer(workdir, max_to_keep=s.max_checkpoints)
         self.writer = MetricsWriter(workdir)
-        self.writer.text("config", gin.config_str())
 
     def _check_batch_keys(self) -> tuple[str, ...]:
         """The keys the objective reads (the same in every phase); each must be in every
@@ -240,6 +239,14 @@ class Trainer:
         """The latest readable checkpoint and its data position, or a fresh state (from
         `init_from`'s parameters when set) and a fresh data stream. Returns (state,
         iterator, the step restored or None)."""
+        restored = self._restore_or_init()
+        # Written only once the state is in hand: a refused restore (a checkpoint of another
+        # model or input pipeline) or a failed warm start leaves the workdir's description of
+        # its checkpoints as it was.
+        self._write_run_info()
+        return restored
+
+    def _restore_or_init(self) -> tuple[TrainState, tf.data.Iterator, int | None]:
         s = self.settings
         iterators: dict[int, tf.data.Iterator] = {}
 
@@ -252,9 +259,6 @@ class Trainer:
         state, resumed_from = self.ckpt.restore_latest(
             self.steps.states.abstract, iterator_for, reset_iterator=s.reset_data_iterator
         )
-        # Written only now: a restore refused (another model, a damaged checkpoint) must leave
-        # the workdir's description of its checkpoints as it was.
-        self._write_run_info()
         if resumed_from is not None:
             log.info(
                 "resumed from step %d in %s (phase %d)",
@@ -274,8 +278,10 @@ class Trainer:
         return state, self.train_iterator(0), None
 
     def _write_run_info(self) -> None:
-        """config.gin, and the model config and tokenizer that readers of the workdir load."""
+        """config.gin (also as TensorBoard text), and the model config and tokenizer that
+        readers of the workdir load."""
         s = self.settings
+        self.writer.text("config", gin.config_str())
         if jax.process_index() == 0:
             with tf.io.gfile.GFile(os.path.join(self.workdir, "config.gin"), "w") as f:
                 f.write(gin.config_str())

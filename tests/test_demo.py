@@ -14,27 +14,27 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow(90)  # seconds on the 2-core CI machine
-def test_demo_runs_every_stage_and_reports(tmp_path):
+def _demo(workdir, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # one CPU device, as `make demo`
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pretrain.demo",
-            f"--workdir={tmp_path}",
-            "--vocab_size=2000",
-            "--gin_bindings=run.steps=40",
-            "--gin_bindings=run.eval_every=20",
-            "--gin_bindings=run.eval_batches=2",
-            "--gin_bindings=run.log_every=10",
-        ],
+    return subprocess.run(
+        [sys.executable, "-m", "pretrain.demo", f"--workdir={workdir}", "--vocab_size=2000", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
         env=env,
+    )
+
+
+@pytest.mark.slow(90)  # seconds on the 2-core CI machine
+def test_demo_runs_every_stage_and_reports(tmp_path):
+    result = _demo(
+        tmp_path,
+        "--gin_bindings=run.steps=40",
+        "--gin_bindings=run.eval_every=20",
+        "--gin_bindings=run.eval_batches=2",
+        "--gin_bindings=run.log_every=10",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "report.txt").read_text()
@@ -48,51 +48,39 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
         "over all",
     ):
         assert expected in report
+    assert report.count("answer:") == 6
     assert (tmp_path / "run" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["step"] == 40 and 0 < summary["unigram_baseline"] < 1
     assert 0 <= summary["fill_mask_top1"] <= summary["fill_mask_top5"] <= 1
     assert summary["initial_eval"]["loss"] > summary["loss"]
     # Run again: every stage is found done, the run resumes at its last step and only reports.
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pretrain.demo",
-            f"--workdir={tmp_path}",
-            "--vocab_size=2000",
-            "--gin_bindings=run.steps=40",
-            "--gin_bindings=run.eval_batches=2",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    again = _demo(tmp_path, "--gin_bindings=run.steps=40", "--gin_bindings=run.eval_batches=2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "up to date" in again.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["resumed_from"] == 40
     # The same workdir with another demo model (e.g. a `make demo` from before its model
     # changed): one error line before anything is written, the run's files as they were.
     described = (tmp_path / "run" / "model_config.json").read_text()
-    other = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pretrain.demo",
-            f"--workdir={tmp_path}",
-            "--vocab_size=2000",
-            "--gin_file=configs/runs/demo.gin",
-            "--gin_bindings=run.steps=40",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    other = _demo(tmp_path, "--gin_file=configs/runs/demo.gin", "--gin_bindings=run.steps=40")
     assert other.returncode != 0
-    assert "holds a run of another model than configs/runs/demo.gin's" in other.stderr.splitlines()[-1]
-    assert "make clean-demo" in other.stderr
+    last = other.stderr.splitlines()[-1]
+    assert "holds a run of another model than configs/runs/demo.gin's (EncoderConfig differs in " in last
+    assert "disentangled" in last and "make clean-demo" in last
     assert (tmp_path / "run" / "model_config.json").read_text() == described
+
+
+@pytest.mark.slow(40)
+def test_bert_demo_reports_nsp(tmp_path):
+    """`make demo DEMO_GIN=configs/runs/demo.gin`: BERT-Tiny with MLM + NSP."""
+    result = _demo(
+        tmp_path,
+        "--gin_file=configs/runs/demo.gin",
+        "--gin_bindings=run.steps=10",
+        "--gin_bindings=run.eval_every=10",
+        "--gin_bindings=run.eval_batches=1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (tmp_path / "report.txt").read_text()
+    assert "(MaskedLM)" in report and "sentence_accuracy" in report and "(chance 50%)" in report
+    assert "configs/runs/demo.gin" in result.stdout
