@@ -281,10 +281,11 @@ class Trainer:
         """config.gin (also as TensorBoard text), and the model config and tokenizer that
         readers of the workdir load."""
         s = self.settings
-        self.writer.text("config", gin.config_str())
+        config = gin.config_str()
+        self.writer.text("config", config)
         if jax.process_index() == 0:
             with tf.io.gfile.GFile(os.path.join(self.workdir, "config.gin"), "w") as f:
-                f.write(gin.config_str())
+                f.write(config)
             pretrained_lib.write_model_info(self.workdir, s.model_config, s.data_dir)
 
     def evaluate(self, params: Any, step: int) -> dict[str, float]:
