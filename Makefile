@@ -42,10 +42,11 @@ TEST_WORKERS ?= 2
 PYTEST := $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
-	$(PYTEST)
+	$(PYTEST) -m "not smoke"
 
 # The inner loop: the contract, the unit tests and a one-step smoke test of every CLI; the
 # tests marked slow (end-to-end runs, resume and mesh proofs, fault injection) are left out.
+# (`make test` leaves out the smoke tests instead: each names the slow test that runs its tool.)
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(PYTEST) -m "not slow"

@@ -17,14 +17,23 @@ A save killed half-way leaves only orbax's temporary folder, which is never a st
 moves it to bad_checkpoints/ and falls back to the one before. A checkpoint that is
 intact but does not fit the current config (other model or optimizer) is an error
 instead, and nothing is moved: that is a config problem, not a damaged file.
+
+A save that fails (a full disk, often in orbax's background writes, surfacing at the next
+save or at the end) is one CheckpointError naming that step and the last complete one;
+orbax's own tracebacks of the failure go to the DEBUG log (`_SaveReports`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import contextlib
 import logging
 import os
 import shutil
+import sys
+import threading
+import types
 from typing import Any, Callable
 
 import jax
@@ -138,6 +147,134 @@ def state_bytes(state: Any) -> int:
     return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(state))
 
 
+_ORBAX_DIR = os.path.dirname(os.path.abspath(ocp.__file__)) + os.sep
+_ASYNCIO_BASE_EVENTS = os.path.abspath(asyncio.base_events.__file__)
+
+
+def _through_orbax(tb: types.TracebackType | None) -> bool:
+    """The traceback passes through orbax's code."""
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_ORBAX_DIR):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _from_orbax(record: logging.LogRecord) -> bool:
+    """An error orbax logged, or one logged about an exception raised in orbax's code
+    (asyncio's "Task exception was never retrieved" for orbax's write tasks)."""
+    if record.levelno < logging.ERROR or getattr(record, "released", False):
+        return False
+    return os.path.abspath(record.pathname).startswith(_ORBAX_DIR) or (
+        record.exc_info is not None and _through_orbax(record.exc_info[2])
+    )
+
+
+def _on_a_closed_loop(unraisable: Any) -> bool:
+    """The error of `call_soon_threadsafe` on a closed event loop (raised by asyncio's
+    `_check_closed`), here in a callback without a caller: tensorstore's, when a write
+    finishes after orbax has closed the event loop of a failed batch of writes."""
+    frames = []
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((os.path.abspath(code.co_filename), code.co_name))
+        tb = tb.tb_next
+    return isinstance(unraisable.exc_value, RuntimeError) and frames[-2:] == [
+        (_ASYNCIO_BASE_EVENTS, "call_soon_threadsafe"),
+        (_ASYNCIO_BASE_EVENTS, "_check_closed"),
+    ]
+
+
+class _SaveReports(logging.Filter):
+    """orbax's own reports of an asynchronous save that fails, kept off the user's console.
+
+    When a background write fails (a full disk), orbax logs the exception with its
+    traceback from every thread it passes through, asyncio logs the write tasks that
+    nobody awaited, and tensorstore prints "Event loop is closed" for each write still
+    pending: dozens of tracebacks on stderr, around and after the one `error:` line. The
+    failure itself is raised again by `wait_until_finished`, and Checkpointer reports it
+    as a CheckpointError. So while a save is in flight, these reports are held: when it
+    succeeds (or the process exits without waiting for it) they go out as they came;
+    when it fails they go to the DEBUG log, as does what the failed save reports later.
+    Anything else (every other logger, orbax's warnings, orbax outside a save) passes.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        self._in_flight = False
+        self._failed = False
+        self._held: list[Any] = []
+        self._previous_hook: Callable[[Any], Any] = sys.unraisablehook
+        self._exit_registered = False
+
+    def begin(self) -> None:
+        """A save starts: hold its reports."""
+        for name in ("absl", "asyncio"):  # orbax logs through absl
+            if self not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(self)
+        if sys.unraisablehook != self._unraisable:  # (again after pytest restores its own)
+            self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        with self._lock:
+            self._in_flight, self._failed = True, False
+            if not self._exit_registered:
+                atexit.register(self._release)  # a save nobody waited for: its reports go out
+                self._exit_registered = True
+
+    def end(self, failed: bool) -> None:
+        """The save is complete on disk, or failed (and is reported by the caller)."""
+        with self._lock:
+            self._in_flight, self._failed = False, failed
+        if failed:
+            self._to_debug()
+        else:
+            self._release()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_from_orbax(record) and self._take(record))
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if not (_on_a_closed_loop(unraisable) and self._take(unraisable)):
+            self._previous_hook(unraisable)
+
+    def _take(self, report: Any) -> bool:
+        """Holds the report or sends it to DEBUG (True), or leaves it to go out (False)."""
+        with self._lock:
+            if self._in_flight:
+                self._held.append(report)
+                return True
+            if not self._failed:
+                return False
+            self._held.append(report)
+        self._to_debug()
+        return True
+
+    def _pop_held(self) -> list[Any]:
+        with self._lock:
+            held, self._held = self._held, []
+        return held
+
+    def _to_debug(self) -> None:
+        for report in self._pop_held():
+            if isinstance(report, logging.LogRecord):
+                log.debug("orbax, of the failed save: %s", report.getMessage(), exc_info=report.exc_info)
+            else:
+                exc_info = (report.exc_type, report.exc_value, report.exc_traceback)
+                log.debug("orbax, of the failed save: %s", report.exc_value, exc_info=exc_info)
+
+    def _release(self) -> None:
+        for report in self._pop_held():
+            if isinstance(report, logging.LogRecord):
+                report.released = True
+                logging.getLogger(report.name).handle(report)
+            else:
+                self._previous_hook(report)
+
+
+_save_reports = _SaveReports()
+
+
 class Checkpointer:
     """Saves and restores (train state, data iterator) pairs in `workdir`."""
 
@@ -146,6 +283,7 @@ class Checkpointer:
         self.directory = os.path.join(_absolute(workdir), "checkpoints")
         self._iterators_dir = os.path.join(workdir, "data_iterators")
         self._max_to_keep = max_to_keep
+        self._in_flight: int | None = None  # the step orbax is writing in the background
         self.manager = self._open()
 
     def _open(self) -> ocp.CheckpointManager:
@@ -160,21 +298,32 @@ class Checkpointer:
         return os.path.join(self._iterators_dir, str(step), f"process_{jax.process_index()}")
 
     def save(self, step: int, state: Any, iterator: tf.data.Iterator) -> None:
-        """Starts saving `step` (orbax finishes in the background); a failure is a CheckpointError."""
+        """Starts saving `step` (orbax finishes in the background); a failure of this save, or
+        of the previous one, is a CheckpointError naming that step."""
+        self.wait()  # surfaces a failure of the previous async save
         try:
-            self.manager.wait_until_finished()  # surfaces a failure of the previous async save
             tf.train.Checkpoint(iterator=iterator).write(self._iterator_prefix(step))
+            _save_reports.begin()
+            self._in_flight = step
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
         except Exception as e:  # pylint: disable=broad-except  (disk full, permissions, GCS errors ...)
+            if self._in_flight is not None:
+                self._in_flight = None
+                _save_reports.end(failed=True)
             raise self._save_error(step, e) from None
         self._delete_stale_iterators()
 
     def wait(self) -> None:
         """Blocks until the last save is complete on disk; a failure is a CheckpointError."""
+        step, self._in_flight = self._in_flight, None
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # pylint: disable=broad-except
-            raise self._save_error(None, e) from None
+            if step is not None:
+                _save_reports.end(failed=True)
+            raise self._save_error(step, e) from None
+        if step is not None:
+            _save_reports.end(failed=False)
 
     def _complete_steps(self) -> list[int]:
         """The steps whose checkpoint is complete on disk, ascending. Read from the directory,

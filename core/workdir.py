@@ -1,11 +1,11 @@
 """The files of a model workdir: what pretraining writes and every later stage reads.
 
     WORKDIR/model_config.json    the model's config dataclass as JSON (EncoderConfig fields)
-    WORKDIR/tokenizer/           the tokenizer of the model's ids (data/tokenizers.py files)
+    WORKDIR/tokenizer/           the tokenizer of the model's ids (data/tokenizers/ files)
     WORKDIR/checkpoints/<step>/  orbax; `state` holds {step, params, opt_state} (pretraining)
                                  or {params} (an imported or exported model)
 
-This module knows the layout and the parameters; models/pretrained.py adds the config
+This module knows the layout and the parameters; interop/bundle.py adds the config
 and tokenizer types on top (Pretrained, load_pretrained), so GLUE fine-tuning, export,
 feature extraction and fill-mask never need the gin files of the run.
 """

@@ -33,6 +33,7 @@ every pass draws a fresh mask. `data.pipeline` derives the seed; this op only us
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -292,23 +293,17 @@ def mask_spans(
 
     As `PairWithSpanMaskingScheme.mask` + `span_masking` (facebookresearch/SpanBERT
     pretraining/fairseq/data/masking.py), on the row's candidates (real tokens other than
-    `never_mask_ids`; the original masks the block between [CLS] and [SEP]):
+    `never_mask_ids`; the original masks the block between [CLS] and [SEP]), in four steps:
 
-    - budget = ceil(masked_lm_prob x candidates) (float64, as Python), capped at
-      max_predictions_per_seq;
-    - until the budget is met: a length l in words ~ `span_length_probabilities`, an anchor
-      uniform over the candidates (drawn again if already masked), moved back to its word's
-      start; the span covers that word and the next l - 1 words, each token added only while
-      under budget (so the last span may end inside a word). A span never crosses a
-      non-candidate ([SEP] between segments, [CLS] of a packed example): the original's block
-      has none, its spans stop at the block's end;
-    - spans that overlap or touch are merged, so the masked tokens' maximal runs are the
-      spans and a span's boundary tokens are never masked;
-    - per merged span one draw: 80% every token [MASK], 10% each token a random token drawn
-      from `unigram_counts` (the original takes a random token of the corpus buffer), 10% kept;
-    - SBO: a span whose left (start - 1) and right (end + 1) neighbours are candidates (the
-      original: start > 0 and end < last of the block) gives its first `max_pair_targets`
-      tokens as targets, each with the span's boundary positions and its offset in the span.
+    - `_span_budget`: ceil(masked_lm_prob x candidates) tokens, capped at max_predictions_per_seq;
+    - `_choose_spans`: spans of whole words, of geometric length, until the budget is met;
+      a span never crosses a non-candidate ([SEP] between segments, [CLS] of a packed
+      example): the original's block has none, its spans stop at the block's end;
+    - `_merged_spans` and `_replace_spans`: spans that overlap or touch are merged (so the
+      masked tokens' maximal runs are the spans and a span's boundary tokens are never
+      masked), then one 80/10/10 draw per merged span, random tokens from `unigram_counts`;
+    - `_boundary_pairs`: SBO targets, the first `max_pair_targets` tokens of each span
+      whose two neighbours are candidates.
 
     The SBO keys are laid out per prediction slot, beside masked_lm_positions: the target of
     slot j is masked_lm_ids[j] (the token SBO predicts is the one MLM predicts), so no second
@@ -333,63 +328,110 @@ def mask_spans(
       in the span) and sbo_weights [P] float32 (1.0 = an SBO target).
     """
     input_ids = row["input_ids"]
-    length = input_ids.shape[0]
-    k = min(max_predictions_per_seq, length)
+    k = min(max_predictions_per_seq, input_ids.shape[0])
+    seed = tf.cast(seed, tf.int64)
     candidate = _candidates(row, never_mask_ids)
-    num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32))
-    # math.ceil(sent_length * mask_ratio) in float64: 100 x 0.15 = 15.000000000000002 -> 16, as there.
-    budget = tf.cast(tf.math.ceil(tf.cast(num_candidates, tf.float64) * masked_lm_prob), tf.int32)
-    budget = tf.minimum(budget, k)
-
     covered = _choose_spans(
         input_ids,
         candidate,
         word_starts,
-        budget,
-        tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), 0),
+        _span_budget(candidate, masked_lm_prob, k),
+        tf.random.experimental.stateless_fold_in(seed, 0),
         geometric_p=geometric_p,
         max_span_words=max_span_words,
     )
-
-    # Merged spans = maximal runs of masked tokens.
-    position = tf.range(length)
-    run_segment = _run_segments(covered)
-    run_first = tf.math.unsorted_segment_min(position, run_segment, length + 1)
-    run_last = tf.math.unsorted_segment_max(position, run_segment, length + 1)
-    first = tf.gather(run_first, run_segment)
-    last = tf.gather(run_last, run_segment)
-
-    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
-    # One draw per span (SpanBERT's --replacement-method span): < 0.8 [MASK], < 0.9 random, else kept.
-    span_draw = tf.gather(tf.random.stateless_uniform([length + 1], seed=seeds[1]), run_segment)
-    random_ids = _unigram_ids(seeds[2], length, unigram_counts)
-    replacement = tf.where(span_draw < 0.8, mask_id, tf.where(span_draw < 0.9, random_ids, input_ids))
-    masked_input = tf.where(covered, tf.cast(replacement, input_ids.dtype), input_ids)
-
-    left = tf.maximum(first - 1, 0)
-    right = tf.minimum(last + 1, length - 1)
-    has_pair = (first > 0) & (last < length - 1) & tf.gather(candidate, left) & tf.gather(candidate, right)
-    offset = position - first
-    is_target = covered & has_pair & (offset < max_pair_targets)
+    first, last, span = _merged_spans(covered)
+    left, right, offset, is_target = _boundary_pairs(candidate, covered, first, last, max_pair_targets)
 
     key, is_prediction = _first_positions(covered, k)  # unused slots sort to the end
     positions = tf.where(is_prediction, key, 0)
-    pad = max_predictions_per_seq - k
-
-    def slots(values, dtype):
-        """[L] values -> [P] at the masked positions, 0 in unused slots."""
-        return tf.pad(tf.where(is_prediction, tf.cast(tf.gather(values, positions), dtype), 0), [[0, pad]])
-
+    slots = functools.partial(
+        _at_slots, positions=positions, is_prediction=is_prediction, size=max_predictions_per_seq
+    )
     out = dict(row)
-    out["input_ids"] = masked_input
-    out["masked_lm_positions"] = tf.pad(positions, [[0, pad]])
+    out["input_ids"] = _replace_spans(input_ids, covered, span, seed, mask_id, unigram_counts)
+    out["masked_lm_positions"] = tf.pad(positions, [[0, max_predictions_per_seq - k]])
     out["masked_lm_ids"] = slots(input_ids, tf.int32)
-    out["masked_lm_weights"] = tf.pad(tf.cast(is_prediction, tf.float32), [[0, pad]])
+    out["masked_lm_weights"] = tf.pad(tf.cast(is_prediction, tf.float32), [[0, max_predictions_per_seq - k]])
     out["sbo_left"] = slots(left, tf.int32)
     out["sbo_right"] = slots(right, tf.int32)
-    out["sbo_offset"] = slots(tf.minimum(offset, max_pair_targets - 1), tf.int32)
+    out["sbo_offset"] = slots(offset, tf.int32)
     out["sbo_weights"] = slots(is_target, tf.float32)
     return out
+
+
+def _span_budget(candidate: tf.Tensor, masked_lm_prob: float, k: int) -> tf.Tensor:
+    """[] int32: how many tokens span masking masks, ceil(masked_lm_prob x candidates) capped at k
+    (candidate: [L] bool)."""
+    num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32))
+    # math.ceil(sent_length * mask_ratio) in float64: 100 x 0.15 = 15.000000000000002 -> 16, as there.
+    budget = tf.cast(tf.math.ceil(tf.cast(num_candidates, tf.float64) * masked_lm_prob), tf.int32)
+    return tf.minimum(budget, k)
+
+
+def _merged_spans(covered: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The merged spans of covered [L] bool: its maximal runs, so spans that overlap or touch
+    are one. Returns (first [L] int32, last [L] int32: the first and last position of each
+    covered position's span; span [L] int32: the span's index, L at uncovered positions)."""
+    length = covered.shape[0]
+    position = tf.range(length)
+    span = _run_segments(covered)
+    first = tf.gather(tf.math.unsorted_segment_min(position, span, length + 1), span)
+    last = tf.gather(tf.math.unsorted_segment_max(position, span, length + 1), span)
+    return first, last, span
+
+
+def _replace_spans(
+    input_ids: tf.Tensor,
+    covered: tf.Tensor,
+    span: tf.Tensor,
+    seed: tf.Tensor,
+    mask_id: int,
+    unigram_counts: tf.Tensor,
+) -> tf.Tensor:
+    """input_ids [L] with the covered tokens replaced, one draw per merged span (SpanBERT's
+    --replacement-method span): < 0.8 every token [MASK], < 0.9 each a random token drawn from
+    `unigram_counts` (the original takes a random token of the corpus buffer), else kept.
+
+    span: [L] int32 from `_merged_spans`. seed: [2] int64, the row's.
+    """
+    length = input_ids.shape[0]
+    # Splits 1 and 2 of the row's seed (the span selection folds in 0; split 0 is unused):
+    # another split would change every mask.
+    seeds = tf.random.experimental.stateless_split(seed, num=3)
+    span_draw = tf.gather(tf.random.stateless_uniform([length + 1], seed=seeds[1]), span)
+    random_ids = _unigram_ids(seeds[2], length, unigram_counts)
+    replacement = tf.where(span_draw < 0.8, mask_id, tf.where(span_draw < 0.9, random_ids, input_ids))
+    return tf.where(covered, tf.cast(replacement, input_ids.dtype), input_ids)
+
+
+def _boundary_pairs(
+    candidate: tf.Tensor, covered: tf.Tensor, first: tf.Tensor, last: tf.Tensor, max_pair_targets: int
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The span boundary objective, per position (all [L]): left, right int32 (the span's
+    boundary positions, start - 1 and end + 1), offset int32 (place in the span, capped at
+    max_pair_targets - 1) and is_target bool: a covered position among the first
+    `max_pair_targets` of a span whose two boundary tokens are candidates (the original:
+    start > 0 and end < last of the block).
+
+    candidate, covered: [L] bool. first, last: [L] int32 from `_merged_spans`.
+    """
+    length = candidate.shape[0]
+    left = tf.maximum(first - 1, 0)
+    right = tf.minimum(last + 1, length - 1)
+    has_pair = (first > 0) & (last < length - 1) & tf.gather(candidate, left) & tf.gather(candidate, right)
+    offset = tf.range(length) - first
+    is_target = covered & has_pair & (offset < max_pair_targets)
+    return left, right, tf.minimum(offset, max_pair_targets - 1), is_target
+
+
+def _at_slots(
+    values: tf.Tensor, dtype: tf.DType, *, positions: tf.Tensor, is_prediction: tf.Tensor, size: int
+) -> tf.Tensor:
+    """[L] values -> [size] dtype, the values at the prediction slots' positions ([k] int32,
+    k <= size), 0 in unused slots (is_prediction [k] bool False) and in the padding."""
+    picked = tf.where(is_prediction, tf.cast(tf.gather(values, positions), dtype), 0)
+    return tf.pad(picked, [[0, size - positions.shape[0]]])
 
 
 def _unigram_ids(seed: tf.Tensor, n: int, counts: tf.Tensor) -> tf.Tensor:
@@ -412,7 +454,11 @@ def _choose_spans(
 ) -> tf.Tensor:
     """SpanBERT's span selection loop (`mask_spans`) -> covered [L] bool.
 
-    One iteration per drawn span, each with its own stateless draws (seed folded with the
+    Until `budget` tokens are covered: a length l in words ~ `span_length_probabilities`, an
+    anchor uniform over the candidates (drawn again if already masked), moved back to its
+    word's start; the span covers that word and the next l - 1 words of the anchor's run of
+    candidates, each token added only while under budget (so the last span may end inside a
+    word). One iteration per drawn span, each with its own stateless draws (seed folded with the
     iteration), so the loop is a pure function of (row, seed).
     """
     length = input_ids.shape[0]

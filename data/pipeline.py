@@ -286,14 +286,10 @@ def _pass_documents(
     return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def _is_valid(row, valid):
-    del row
-    return valid
-
-
-def _drop_valid(row, valid):
-    del valid
-    return row
+def _flagged_rows(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """Elements (flag [] bool, row) -> the rows whose flag is True: what the scan steps
+    emit, or the pairs that found a random B (`valid`)."""
+    return ds.filter(lambda flag, row: flag).map(lambda flag, row: row)
 
 
 def instance_stream(
@@ -311,9 +307,9 @@ def instance_stream(
 ) -> tf.data.Dataset:
     """Endless stream of masked rows (unbatched) from these files; see the module docstring.
 
-    Rows are made one pass at a time (`flat_map` over the epochs from `first_epoch`), each
-    pass from its copy's document order and with fresh scan states, then shuffled across
-    passes by the instance buffer.
+    Rows are made one pass at a time (`flat_map` over the epochs from `first_epoch`,
+    `_Passes.rows`), each pass from its copy's document order and with fresh scan states,
+    then shuffled across passes by the instance buffer.
     word_starts: [vocab_size] bool (the tokenizer's `word_start_mask()`), needed for
     masking_unit "whole_word" / "ngram" / "span".
     unigram_counts: [vocab_size] int64 training-token counts (the manifest's), needed for "span".
@@ -322,45 +318,96 @@ def instance_stream(
         raise ValueError(f"masking_unit={config.masking_unit!r} needs word_starts [vocab_size] bool")
     if config.masking_unit == "span" and unigram_counts is None:
         raise ValueError("masking_unit='span' needs unigram_counts [vocab_size] int64")
-    pass_documents = functools.partial(
-        _pass_documents,
-        files,
-        shard_documents=shard_documents,
-        process_index=process_index,
-        process_count=process_count,
+    passes = _Passes(
+        functools.partial(
+            _pass_documents,
+            files,
+            shard_documents=shard_documents,
+            process_index=process_index,
+            process_count=process_count,
+        ),
+        config,
+        vocab,
+        shuffle=shuffle,
+        word_starts=None if word_starts is None else tf.constant(word_starts, tf.bool),
+        unigram_counts=None if unigram_counts is None else tf.constant(unigram_counts, tf.int64),
     )
-    base = tf.constant([config.seed, 0], tf.int64)
-    random_base = tf.constant([config.seed + 1, 0], tf.int64)
-    pair_format = resolve_pair_format(config, vocab)
-    word_table = None if word_starts is None else tf.constant(word_starts, tf.bool)
-    unigram_table = None if unigram_counts is None else tf.constant(unigram_counts, tf.int64)
+    ds = tf.data.Dataset.range(first_epoch, 2**62).flat_map(passes.rows)
+    if shuffle and config.instance_shuffle_buffer > 1:
+        ds = ds.shuffle(config.instance_shuffle_buffer, seed=config.seed + 2)
+    return ds
 
-    def copy_of(epoch):
-        return epoch % config.dupe_factor
 
-    def documents(epoch):
-        # Ordered by the copy, not the epoch: pass e + dupe_factor reads what pass e read.
-        order_seed = instances.derive_seed(base, copy_of(epoch))
-        block = config.document_shuffle_buffer if shuffle else 1
-        return pass_documents(epoch, order_seed, block=block, shuffle_files=shuffle)
+class _Passes:
+    """The rows of each pass (epoch) of `instance_stream`, built from scratch per pass.
 
-    def random_documents(epoch):
-        # Endless within the pass (a pass has more chunks than document pairs): round r
-        # re-reads this host's files in another order, seeded by (copy, r).
-        def one_round(r):
-            order_seed = instances.derive_seed(random_base, copy_of(epoch), r)
-            block = max(config.document_shuffle_buffer, 2)
-            return pass_documents(epoch, order_seed, block=block, shuffle_files=True)
+    Everything that shapes a row is seeded by the pass's copy (`copy_of`: epoch %
+    dupe_factor) and `base` (the run seed), so passes e and e + dupe_factor make the same
+    rows; masks are seeded by the copy (static) or the epoch (dynamic).
 
-        return tf.data.Dataset.range(2**62).flat_map(one_round)
+    pass_documents: `_pass_documents` with this host's files and sharding bound.
+    word_starts: [vocab_size] bool, unigram_counts: [vocab_size] int64 tensors, or None
+    (`instance_stream` checks that the masking unit has what it needs).
+    """
 
-    def mask(row, epoch, doc_id, index):
+    def __init__(
+        self,
+        pass_documents,
+        config: PipelineConfig,
+        vocab: Vocab,
+        *,
+        shuffle: bool,
+        word_starts,
+        unigram_counts,
+    ):
+        self.pass_documents = pass_documents
+        self.config = config
+        self.vocab = vocab
+        self.shuffle = shuffle
+        self.word_starts = word_starts
+        self.unigram_counts = unigram_counts
+        self.base = tf.constant([config.seed, 0], tf.int64)
+        self.random_base = tf.constant([config.seed + 1, 0], tf.int64)
+        self.pair_format = resolve_pair_format(config, vocab)
+
+    def copy_of(self, epoch: tf.Tensor) -> tf.Tensor:
+        return epoch % self.config.dupe_factor
+
+    def rows(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        """The masked rows of pass `epoch` ([] int64), in the config's format."""
+        if self.config.format in ("segment_pair", "sentence_pair"):
+            random_docs = None if self.config.sentence_objective == "none" else self.random_documents(epoch)
+            return _pair_rows(self.documents(epoch), random_docs, self)
+        return _filled_rows(self.documents(epoch), self)
+
+    def documents(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        """The pass's documents, ordered by the copy, not the epoch: pass e + dupe_factor reads
+        what pass e read."""
+        order_seed = instances.derive_seed(self.base, self.copy_of(epoch))
+        block = self.config.document_shuffle_buffer if self.shuffle else 1
+        return self.pass_documents(epoch, order_seed, block=block, shuffle_files=self.shuffle)
+
+    def random_documents(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        """Documents for random B's, endless within the pass (a pass has more chunks than
+        document pairs): round r re-reads this host's files in another order, seeded by
+        (copy, r)."""
+        return tf.data.Dataset.range(2**62).flat_map(lambda r: self._random_round(epoch, r))
+
+    def _random_round(self, epoch: tf.Tensor, r: tf.Tensor) -> tf.data.Dataset:
+        order_seed = instances.derive_seed(self.random_base, self.copy_of(epoch), r)
+        block = max(self.config.document_shuffle_buffer, 2)
+        return self.pass_documents(epoch, order_seed, block=block, shuffle_files=True)
+
+    def mask(self, row, epoch: tf.Tensor, doc_id: tf.Tensor, index: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The formatted row masked as the config says (or marked maskable, "in_step"), seeded
+        by the copy (static) or the epoch (dynamic), the document and the row's index in it."""
+        config, vocab = self.config, self.vocab
         if config.masking == "in_step":
             return masking.mark_maskable(
                 row, mask_id=vocab.mask_id, never_mask_ids=(vocab.cls_id, vocab.sep_id)
             )
-        mask_epoch = copy_of(epoch) if config.masking == "static" else epoch
-        mask_seed = instances.derive_seed(base, _SALT_MASK, mask_epoch, doc_id, index)
+        mask_epoch = self.copy_of(epoch) if config.masking == "static" else epoch
+        mask_seed = instances.derive_seed(self.base, _SALT_MASK, mask_epoch, doc_id, index)
         if config.masking_unit == "span":
             return masking.mask_spans(
                 row,
@@ -369,8 +416,8 @@ def instance_stream(
                 never_mask_ids=(vocab.cls_id, vocab.sep_id),
                 masked_lm_prob=config.masked_lm_prob,
                 max_predictions_per_seq=config.max_predictions_per_seq,
-                word_starts=word_table,
-                unigram_counts=unigram_table,
+                word_starts=self.word_starts,
+                unigram_counts=self.unigram_counts,
                 geometric_p=config.span_geometric_p,
                 max_span_words=config.span_max_words,
                 max_pair_targets=config.sbo_max_targets,
@@ -384,34 +431,26 @@ def instance_stream(
             masked_lm_prob=config.masked_lm_prob,
             max_predictions_per_seq=config.max_predictions_per_seq,
             masking_unit=config.masking_unit,
-            word_starts=word_table,
+            word_starts=self.word_starts,
             random_exclude_ids=vocab.random_exclude_ids,
         )
 
-    def pass_rows(epoch):
-        if config.format in ("segment_pair", "sentence_pair"):
-            random_docs = None if config.sentence_objective == "none" else random_documents(epoch)
-            return _pair_rows(documents(epoch), random_docs, config, vocab, pair_format, base, copy_of, mask)
-        return _filled_rows(documents(epoch), config, vocab, mask)
 
-    ds = tf.data.Dataset.range(first_epoch, 2**62).flat_map(pass_rows)
-    if shuffle and config.instance_shuffle_buffer > 1:
-        ds = ds.shuffle(config.instance_shuffle_buffer, seed=config.seed + 2)
-    return ds
-
-
-def _pair_rows(docs, random_docs, config, vocab, pair_format, base, copy_of, mask) -> tf.data.Dataset:
+def _pair_rows(
+    docs: tf.data.Dataset, random_docs: tf.data.Dataset | None, passes: _Passes
+) -> tf.data.Dataset:
     """One pass of SEGMENT-PAIR / SENTENCE-PAIR rows with NSP, SOP or no sentence label.
 
     docs: this pass's documents. random_docs: an endless stream of documents for random
     B's, zipped two per chunk (NSP, and SOP's one-sentence chunks), so a chunk's random
     B depends only on the pass's copy and the chunk's position in it; None for "none".
     """
+    config, vocab, pair_format = passes.config, passes.vocab, passes.pair_format
     objective = config.sentence_objective
     max_num_tokens = config.max_seq_length - pair_layout.get(pair_format).num_specials()
 
     def chunks(doc):
-        seed = instances.derive_seed(base, _SALT_DOC, copy_of(doc["epoch"]), doc["doc_id"])
+        seed = instances.derive_seed(passes.base, _SALT_DOC, passes.copy_of(doc["epoch"]), doc["doc_id"])
         rows = instances.chunk_document(
             doc,
             seed=seed,
@@ -426,7 +465,9 @@ def _pair_rows(docs, random_docs, config, vocab, pair_format, base, copy_of, mas
 
     def pair(chunk, candidates=None):
         epoch = chunk["epoch"]
-        seed = instances.derive_seed(base, _SALT_PAIR, copy_of(epoch), chunk["doc_id"], chunk["chunk_index"])
+        seed = instances.derive_seed(
+            passes.base, _SALT_PAIR, passes.copy_of(epoch), chunk["doc_id"], chunk["chunk_index"]
+        )
         if objective == "nsp":
             pair = instances.attach_random_b(chunk, candidates, seed=seed)
         elif objective == "sop":
@@ -447,7 +488,7 @@ def _pair_rows(docs, random_docs, config, vocab, pair_format, base, copy_of, mas
         )
         if objective == "none":
             del row["sentence_label"]
-        return mask(row, epoch, chunk["doc_id"], chunk["chunk_index"]), pair["valid"]
+        return pair["valid"], passes.mask(row, epoch, chunk["doc_id"], chunk["chunk_index"])
 
     ds = docs.flat_map(chunks)
     if objective != "none":
@@ -457,16 +498,17 @@ def _pair_rows(docs, random_docs, config, vocab, pair_format, base, copy_of, mas
         )
         ds = tf.data.Dataset.zip(ds, random_docs.ragged_batch(2))
     ds = ds.map(pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.filter(_is_valid).map(_drop_valid)
+    return _flagged_rows(ds)
 
 
-def _filled_rows(docs, config, vocab, mask) -> tf.data.Dataset:
+def _filled_rows(docs: tf.data.Dataset, passes: _Passes) -> tf.data.Dataset:
     """One pass of FULL-SENTENCES / DOC-SENTENCES rows (no sentence label); DOC-SENTENCES packed.
 
     The scans start empty and a flush element after the pass's last sentence (and last
     example) emits the open row, so no row spans two passes and a pass's rows depend only
     on its documents.
     """
+    config, vocab = passes.config, passes.vocab
     length = config.max_seq_length
     cross = config.format == "full_sentences"
     ds = docs.flat_map(lambda doc: tf.data.Dataset.from_tensor_slices(instances.split_sentences(doc)))
@@ -474,7 +516,7 @@ def _filled_rows(docs, config, vocab, mask) -> tf.data.Dataset:
     fill = functools.partial(
         instances.fill_step, max_tokens=length - 2, cross_documents=cross, sep_id=vocab.sep_id
     )
-    ds = ds.scan(instances.fill_initial_state(length - 2), fill).filter(_was_emitted).map(_emitted)
+    ds = _flagged_rows(ds.scan(instances.fill_initial_state(length - 2), fill))
 
     def single(row):
         out = instances.format_single(
@@ -486,23 +528,13 @@ def _filled_rows(docs, config, vocab, mask) -> tf.data.Dataset:
     if config.packed:
         ds = ds.concatenate(tf.data.Dataset.from_tensors(instances.flush_example(length)))
         pack = functools.partial(instances.pack_step, max_seq_length=length, pad_id=vocab.pad_id)
-        ds = ds.scan(instances.pack_initial_state(length), pack).filter(_was_emitted).map(_emitted)
+        ds = _flagged_rows(ds.scan(instances.pack_initial_state(length), pack))
 
     def finish(row):
         key = (row.pop("epoch"), row.pop("doc_id"), row.pop("sentence_index"))
-        return mask(row, *key)
+        return passes.mask(row, *key)
 
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-def _was_emitted(emit, row):
-    del row
-    return emit
-
-
-def _emitted(emit, row):
-    del emit
-    return row
 
 
 def load_word_starts(data_dir: str):

@@ -26,8 +26,10 @@ corpus size. Documents are first written to `*.tfrecord.unsorted` files in corpu
 each record prefixed with its order key; then each shard is read back, sorted by key and
 written. Sorting holds one shard per worker in memory: about (tokenized corpus size) x
 num_workers / num_shards, so a large corpus wants many shards (the pod examples use 256)
-or fewer workers. The `*.unsorted` files are removed when preprocessing fails or is
-interrupted. The output depends only on the inputs and options, never on --num_workers.
+or fewer workers. A worker that dies (the out-of-memory killer's SIGKILL) stops
+preprocessing with one error line that names the work it lost. The `*.unsorted` files are
+removed when preprocessing fails or is interrupted, and the manifest is not written. The
+output depends only on the inputs and options, never on --num_workers.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ import os
 import struct
 import sys
 import time
-from typing import Iterator, Sequence
+from concurrent import futures
+from concurrent.futures.process import BrokenProcessPool
+from typing import Iterator, NamedTuple, Sequence
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
@@ -67,12 +71,130 @@ class OtherShardsError(PreprocessError):
     """--output holds complete shards made from other inputs or options."""
 
 
+class WorkerDiedError(PreprocessError):
+    """A tokenizing or sorting process died: killed, most likely by the out-of-memory killer."""
+
+
 @dataclasses.dataclass
 class SplitStats:
     documents: int = 0
     sentences: int = 0
     tokens: int = 0
     single_sentence_documents: int = 0
+
+
+class DocumentBatch(NamedTuple):
+    """Up to `_BATCH_DOCUMENTS` consecutive documents of the corpus, as the reader sends them
+    to the tokenizer: `documents` [(doc_id, sentences)], and per document whether it is
+    held out, its source (for messages) and its `order_key`."""
+
+    documents: list[tuple[int, list[str]]]
+    heldout: list[bool]
+    sources: list[str]
+    keys: list[tuple[int, int]]
+
+
+# One tokenized document: (doc_id, each sentence's ids, empty sentences dropped).
+Tokenized = tuple[int, list[list[int]], int]
+
+
+class ShardWriter:
+    """The shards of both splits while the corpus is written, and the counts the manifest keeps.
+
+    Documents go to `*.unsorted` files beside the final shards (`paths`), each record
+    prefixed by its order key (`_KEY`); `_sort_shard` turns each into its shard once the
+    writer is closed. The counts: `stats` per split, `per_shard` (documents in each shard
+    of each split), `first_single` (source of the first one-sentence document, for the
+    warning), `dropped_sentences` / `dropped_documents` (no tokens) and `unigrams`
+    ([vocab_size] int64 tokens per id of the train split: span masking's random tokens).
+    """
+
+    def __init__(self, output: str, num_shards: dict[str, int], vocab_size: int):
+        self.num_shards = dict(num_shards)
+        self.paths = {
+            split: [os.path.join(output, shards.shard_name(split, i, n)) for i in range(n)]
+            for split, n in num_shards.items()
+        }
+        self.stats = {split: SplitStats() for split in num_shards}
+        self.per_shard = {split: [0] * n for split, n in num_shards.items()}
+        self.first_single: str | None = None
+        self.dropped_sentences = 0
+        self.dropped_documents = 0
+        self.unigrams = np.zeros(vocab_size, np.int64)
+        self._writers = {
+            split: [tf.io.TFRecordWriter(path + _UNSORTED) for path in paths]
+            for split, paths in self.paths.items()
+        }
+
+    @property
+    def all_paths(self) -> list[str]:
+        """Every final shard path, train then eval."""
+        return [path for paths in self.paths.values() for path in paths]
+
+    def write(self, batch: DocumentBatch, tokenized: Sequence[Tokenized]) -> None:
+        """Writes and counts one batch's documents (a document without tokens is only counted)."""
+        train_ids = []
+        for (doc_id, sentences, dropped), is_eval, source, key in zip(
+            tokenized, batch.heldout, batch.sources, batch.keys
+        ):
+            self.dropped_sentences += dropped
+            if not sentences:
+                self.dropped_documents += 1
+                continue
+            split = "eval" if is_eval else "train"
+            self._count(split, sentences, source)
+            self._write_document(split, doc_id, sentences, key)
+            if split == "train":
+                train_ids.extend(t for sentence in sentences for t in sentence)
+        # One bincount per batch of documents: a [vocab] array per document would cost more.
+        self.unigrams += np.bincount(np.asarray(train_ids, np.int64), minlength=len(self.unigrams))
+
+    def _count(self, split: str, sentences: list[list[int]], source: str) -> None:
+        stats = self.stats[split]
+        stats.documents += 1
+        stats.sentences += len(sentences)
+        stats.tokens += sum(len(sentence) for sentence in sentences)
+        if len(sentences) == 1:
+            stats.single_sentence_documents += 1
+            self.first_single = self.first_single or source
+
+    def _write_document(
+        self, split: str, doc_id: int, sentences: list[list[int]], key: tuple[int, int]
+    ) -> None:
+        shard_key, order = key
+        shard = shard_key % self.num_shards[split]
+        self.per_shard[split][shard] += 1
+        self._writers[split][shard].write(
+            _KEY.pack(order, doc_id) + shards.encode_document(doc_id, sentences)
+        )
+
+    def close(self) -> None:
+        for writers in self._writers.values():
+            for writer in writers:
+                writer.close()
+
+    def remove_unsorted(self) -> None:
+        """Deletes the `*.unsorted` files that are left (after a failure: no half-written copy
+        of the corpus stays behind)."""
+        for path in self.all_paths:
+            if tf.io.gfile.exists(path + _UNSORTED):
+                tf.io.gfile.remove(path + _UNSORTED)
+
+    def manifest_counts(self) -> dict:
+        """The manifest's fields from the counts: splits (files and SplitStats), the dropped
+        sentences and documents, the unigram counts."""
+        return {
+            "splits": {
+                split: dict(
+                    files=[shards.shard_name(split, i, n) for i in range(n)],
+                    **dataclasses.asdict(self.stats[split]),
+                )
+                for split, n in self.num_shards.items()
+            },
+            "dropped_empty_sentences": self.dropped_sentences,
+            "dropped_empty_documents": self.dropped_documents,
+            shards.UNIGRAM_COUNTS: self.unigrams.tolist(),
+        }
 
 
 def _fingerprint(corpus: str, tokenizer_identity: dict, flags: dict) -> str:
@@ -101,13 +223,13 @@ def _init_worker(tokenizer_path: str) -> None:
     _worker_tokenizer = tokenizers.load_tokenizer(tokenizer_path)
 
 
-def _tokenize_batch(batch: Sequence[tuple[int, list[str]]]) -> list[tuple[int, list[list[int]], int]]:
+def _tokenize_batch(documents: Sequence[tuple[int, list[str]]]) -> list[Tokenized]:
     """Tokenizes documents in a worker. Returns (doc_id, sentences' ids, empty sentences dropped)."""
     # encode_documents, not each sentence alone: byte-level BPE gives a sentence after the
     # first its joining space ("ĠThe"), as fairseq encodes whole lines.
-    encoded = _worker_tokenizer.encode_documents([sentences for _, sentences in batch])
+    encoded = _worker_tokenizer.encode_documents([sentences for _, sentences in documents])
     out = []
-    for (doc_id, _), ids in zip(batch, encoded):
+    for (doc_id, _), ids in zip(documents, encoded):
         kept = [s for s in ids if s]
         out.append((doc_id, kept, len(ids) - len(kept)))
     return out
@@ -126,19 +248,19 @@ def order_key(doc: corpora.Document, shuffle_seed: int) -> tuple[int, int]:
 
 def _document_batches(
     corpus: str, eval_fraction: float, shuffle_seed: int, corpus_kwargs: dict
-) -> Iterator[tuple[list[tuple[int, list[str]]], list[bool], list[str], list[tuple[int, int]]]]:
-    """Batches of (doc_id, sentences) with per-document held-out flag, source and order_key."""
-    batch, heldout, sources, keys = [], [], [], []
+) -> Iterator[DocumentBatch]:
+    """The corpus in batches of `_BATCH_DOCUMENTS` documents, in corpus order."""
+    batch = DocumentBatch([], [], [], [])
     for doc_id, doc in enumerate(corpora.iter_documents(corpus, **corpus_kwargs)):
-        batch.append((doc_id, list(doc.sentences)))
-        heldout.append(corpora.is_heldout(doc, eval_fraction))
-        sources.append(doc.source)
-        keys.append(order_key(doc, shuffle_seed))
-        if len(batch) == _BATCH_DOCUMENTS:
-            yield batch, heldout, sources, keys
-            batch, heldout, sources, keys = [], [], [], []
-    if batch:
-        yield batch, heldout, sources, keys
+        batch.documents.append((doc_id, list(doc.sentences)))
+        batch.heldout.append(corpora.is_heldout(doc, eval_fraction))
+        batch.sources.append(doc.source)
+        batch.keys.append(order_key(doc, shuffle_seed))
+        if len(batch.documents) == _BATCH_DOCUMENTS:
+            yield batch
+            batch = DocumentBatch([], [], [], [])
+    if batch.documents:
+        yield batch
 
 
 def _sort_shard(path: str) -> str:
@@ -156,31 +278,196 @@ def _sort_shard(path: str) -> str:
     return path
 
 
-def _tokenize_and_sort(batches, all_paths, num_workers, tokenizer_path, write, close_writers) -> None:
-    """Tokenizes the corpus batches into the `*.unsorted` writers (`write`), closes them and
-    sorts every shard."""
-    if num_workers == 1:  # one worker: this process (a worker process would only add its start-up)
-        _init_worker(tokenizer_path)
-        for batch, heldout, sources, keys in batches:
-            write(_tokenize_batch(batch), heldout, sources, keys)
-        close_writers()
-        for path in all_paths:
-            _sort_shard(path)
-        return
-    with multiprocessing.get_context("spawn").Pool(
-        num_workers, initializer=_init_worker, initargs=(tokenizer_path,)
-    ) as pool:
+def _tokenize_and_sort_here(
+    batches: Iterator[DocumentBatch], writer: ShardWriter, tokenizer_path: str
+) -> None:
+    """`--num_workers=1`: tokenizes and sorts in this process (a worker would only add its start-up)."""
+    _init_worker(tokenizer_path)
+    for batch in batches:
+        writer.write(batch, _tokenize_batch(batch.documents))
+    writer.close()
+    for path in writer.all_paths:
+        _sort_shard(path)
+
+
+class _Workers:
+    """`num_workers` spawned processes that tokenize the batches and sort the shards.
+
+    A ProcessPoolExecutor, not a multiprocessing.Pool: when the out-of-memory killer
+    SIGKILLs a worker, a Pool starts another and waits forever for the lost result, while
+    the executor fails every pending task (BrokenProcessPool), which becomes one
+    `WorkerDiedError` line naming the work that was lost.
+    """
+
+    def __init__(self, num_workers: int, tokenizer_path: str):
+        self.num_workers = num_workers
+        self._pool = futures.ProcessPoolExecutor(
+            num_workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(tokenizer_path,),
+        )
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        # After a failure the queued tasks are dropped; those already started run to their end
+        # (the executor cannot stop them), before the caller removes the unsorted files.
+        self._pool.shutdown(wait=True, cancel_futures=exc_type is not None)
+
+    def tokenize(self, batches: Iterator[DocumentBatch], writer: ShardWriter) -> None:
+        """Tokenizes the batches into `writer` in corpus order, at most 2 per worker in flight
+        (bounded memory, whatever the corpus size)."""
         in_flight = collections.deque()
-        for batch, heldout, sources, keys in batches:
-            in_flight.append((pool.apply_async(_tokenize_batch, (batch,)), heldout, sources, keys))
-            if len(in_flight) >= 2 * num_workers:  # bounded memory: wait for the oldest batch
-                result, *meta = in_flight.popleft()
-                write(result.get(), *meta)
-        while in_flight:
-            result, *meta = in_flight.popleft()
-            write(result.get(), *meta)
-        close_writers()
-        pool.map(_sort_shard, all_paths, chunksize=1)  # one shard in memory per worker
+        try:
+            for batch in batches:
+                in_flight.append((batch, self._pool.submit(_tokenize_batch, batch.documents)))
+                if len(in_flight) >= 2 * self.num_workers:  # wait for the oldest batch
+                    self._write_oldest(in_flight, writer)
+            while in_flight:
+                self._write_oldest(in_flight, writer)
+        except BrokenProcessPool:
+            oldest = in_flight[0][0].documents if in_flight else None
+            lost = f"documents {oldest[0][0]}-{oldest[-1][0]}" if oldest else "the corpus"
+            raise self._died(f"tokenizing {lost}") from None
+
+    @staticmethod
+    def _write_oldest(in_flight: collections.deque, writer: ShardWriter) -> None:
+        batch, tokenized = in_flight[0]
+        writer.write(batch, tokenized.result())
+        in_flight.popleft()  # only once written: a dead worker's batch stays the oldest
+
+    def sort(self, paths: Sequence[str]) -> None:
+        """Sorts every shard, one per worker at a time (one shard in memory per worker)."""
+        sorting = "the shards"
+        try:
+            started = [(path, self._pool.submit(_sort_shard, path)) for path in paths]
+            for path, done in started:
+                sorting = os.path.basename(path)
+                done.result()
+        except BrokenProcessPool:
+            raise self._died(f"sorting {sorting} (each worker holds one shard in memory)") from None
+
+    def _died(self, work: str) -> WorkerDiedError:
+        return WorkerDiedError(
+            f"a preprocessing worker process died while {work}, most likely killed by the "
+            f"out-of-memory killer: use fewer --num_workers (now {self.num_workers}) or more memory"
+        )
+
+
+def _write_shards(
+    batches: Iterator[DocumentBatch], writer: ShardWriter, num_workers: int, tokenizer_path: str
+) -> None:
+    """Tokenizes the batches into the writer's unsorted files, closes them and sorts every shard."""
+    try:
+        if num_workers == 1:
+            _tokenize_and_sort_here(batches, writer, tokenizer_path)
+        else:
+            with _Workers(num_workers, tokenizer_path) as workers:
+                workers.tokenize(batches, writer)
+                writer.close()
+                workers.sort(writer.all_paths)
+    except BaseException:
+        # A bad input line, Ctrl-C, a dead worker or a failed sort: leave no unsorted copy of the corpus.
+        writer.close()
+        writer.remove_unsorted()
+        raise
+
+
+def _existing_output(output: str, fingerprint: str, overwrite: bool, log) -> shards.Manifest | None:
+    """The manifest of `output` when it already holds these inputs' shards (adding the unigram
+    counts that shards from before span masking lack), else None: preprocessing must run.
+
+    Shards of other inputs are an OtherShardsError without `overwrite`; with it, their
+    manifest is removed first, so that they no longer count as complete.
+    """
+    manifest_path = os.path.join(output, shards.MANIFEST)
+    if not tf.io.gfile.exists(manifest_path):
+        return None
+    existing = shards.load_manifest(output)
+    if existing.fields.get("fingerprint") == fingerprint:
+        documents = existing.splits["train"]["documents"]
+        if shards.UNIGRAM_COUNTS not in existing.fields:  # shards from before span masking
+            fields = dict(existing.fields)
+            fields[shards.UNIGRAM_COUNTS] = shards.count_unigrams(
+                existing.files("train"), existing.vocab_size
+            )
+            shards.write_manifest(output, fields)
+            log(f"{output}: added the train split's unigram counts to the manifest")
+            return shards.Manifest(output, fields)
+        log(f"{output} is up to date ({documents} train documents); nothing to do")
+        return existing
+    if not overwrite:
+        raise OtherShardsError(
+            f"'{output}' already holds shards of another corpus, tokenizer or options: "
+            "pass --overwrite to replace them, or choose another --output"
+        )
+    tf.io.gfile.remove(manifest_path)
+    return None
+
+
+def _check_counts(
+    writer: ShardWriter, corpus: str, eval_fraction: float, max_single_sentence_fraction: float, log
+) -> None:
+    """PreprocessError when the shards would not train: fewer than 2 train documents, an empty
+    shard, no held-out documents, or mostly one-sentence documents (a warning when some)."""
+    stats = writer.stats
+    total = stats["train"].documents + stats["eval"].documents
+    if stats["train"].documents < 2:
+        raise PreprocessError(
+            f"corpus '{corpus}' gives {stats['train'].documents} training document(s) after tokenization: "
+            "the NSP objective needs at least 2 documents (blank line between documents in text files)"
+        )
+    for split, documents in writer.per_shard.items():
+        # Shards are filled by hash, not in turn: with few documents per shard one can stay
+        # empty, and a host whose files are all empty would wait forever for data.
+        if stats[split].documents and 0 in documents:
+            raise PreprocessError(
+                f"{split} shard {documents.index(0)} of {writer.num_shards[split]} got none of the "
+                f"{stats[split].documents} {split} documents (shards are filled by a hash): "
+                f"use fewer shards (--num_shards / --num_eval_shards)"
+            )
+    if eval_fraction > 0 and stats["eval"].documents == 0:
+        raise PreprocessError(
+            f"no held-out documents among {total}: "
+            f"raise --eval_fraction (now {eval_fraction}) or add documents"
+        )
+    single = stats["train"].single_sentence_documents + stats["eval"].single_sentence_documents
+    if single:
+        message = (
+            f"{single} of {total} documents have a single sentence (first: {writer.first_single}); "
+            "their instances are always NotNext"
+        )
+        if single / total > max_single_sentence_fraction:
+            raise PreprocessError(
+                f"{message}. More than {max_single_sentence_fraction:.0%} is almost certainly a formatting "
+                "error: BERT text format is one sentence per line, a blank line only between documents "
+                "(raise --max_single_sentence_fraction if this is intended)"
+            )
+        log(f"warning: {message}")
+
+
+def _manifest_fields(
+    fingerprint: str, corpus: str, tokenizer: tokenizers.Tokenizer, writer: ShardWriter, seconds: float
+) -> dict:
+    """manifest.json's fields (shards.Manifest reads them)."""
+    return {
+        "format_version": shards.FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "corpus": corpus,
+        "tokenizer": tokenizer.identity(),
+        "vocab_size": tokenizer.vocab_size,
+        "special_ids": {
+            "pad": tokenizer.pad_id,
+            "unk": tokenizer.unk_id,
+            "cls": tokenizer.cls_id,
+            "sep": tokenizer.sep_id,
+            "mask": tokenizer.mask_id,
+        },
+        **writer.manifest_counts(),
+        "seconds": seconds,
+    }
 
 
 def preprocess(
@@ -209,156 +496,26 @@ def preprocess(
         **{k: str(v) for k, v in corpus_kwargs.items()},
     )
     fingerprint = _fingerprint(corpus, tokenizer.identity(), options)
-    manifest_path = os.path.join(output, shards.MANIFEST)
-    if tf.io.gfile.exists(manifest_path):
-        existing = shards.load_manifest(output)
-        if existing.fields.get("fingerprint") == fingerprint:
-            documents = existing.splits["train"]["documents"]
-            if shards.UNIGRAM_COUNTS not in existing.fields:  # shards from before span masking
-                fields = dict(existing.fields)
-                fields[shards.UNIGRAM_COUNTS] = shards.count_unigrams(
-                    existing.files("train"), existing.vocab_size
-                )
-                shards.write_manifest(output, fields)
-                log(f"{output}: added the train split's unigram counts to the manifest")
-                return shards.Manifest(output, fields)
-            log(f"{output} is up to date ({documents} train documents); nothing to do")
-            return existing
-        if not overwrite:
-            raise OtherShardsError(
-                f"'{output}' already holds shards of another corpus, tokenizer or options: "
-                "pass --overwrite to replace them, or choose another --output"
-            )
-        tf.io.gfile.remove(manifest_path)
+    existing = _existing_output(output, fingerprint, overwrite, log)
+    if existing is not None:
+        return existing
     tf.io.gfile.makedirs(output)
 
     start = time.time()
-    counts = {"train": num_shards, "eval": num_eval_shards}
-    paths = {
-        split: [os.path.join(output, shards.shard_name(split, i, n)) for i in range(n)]
-        for split, n in counts.items()
-    }
-    writers = {split: [tf.io.TFRecordWriter(path + _UNSORTED) for path in paths[split]] for split in counts}
-    stats = {split: SplitStats() for split in counts}
-    per_shard = {split: [0] * n for split, n in counts.items()}
-    first_single = None
-    dropped_sentences = 0
-    dropped_documents = 0
-    unigrams = np.zeros(tokenizer.vocab_size, np.int64)  # train tokens per id, for span masking
-    num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
-
-    def write(results, heldout, sources, keys):
-        nonlocal first_single, dropped_sentences, dropped_documents, unigrams
-        train_ids = []
-        for (doc_id, sentences, dropped), is_eval, source, (shard_key, order) in zip(
-            results, heldout, sources, keys
-        ):
-            dropped_sentences += dropped
-            if not sentences:
-                dropped_documents += 1
-                continue
-            split = "eval" if is_eval else "train"
-            s = stats[split]
-            s.documents += 1
-            s.sentences += len(sentences)
-            s.tokens += sum(len(x) for x in sentences)
-            if len(sentences) == 1:
-                s.single_sentence_documents += 1
-                first_single = first_single or source
-            prefix = _KEY.pack(order, doc_id)
-            shard = shard_key % counts[split]
-            per_shard[split][shard] += 1
-            writers[split][shard].write(prefix + shards.encode_document(doc_id, sentences))
-            if split == "train":
-                train_ids.extend(t for sentence in sentences for t in sentence)
-        # One bincount per batch of documents: a [vocab] array per document would cost more.
-        unigrams += np.bincount(np.asarray(train_ids, np.int64), minlength=tokenizer.vocab_size)
-
-    def close_writers():
-        for split_writers in writers.values():
-            for w in split_writers:
-                w.close()
-
+    writer = ShardWriter(output, {"train": num_shards, "eval": num_eval_shards}, tokenizer.vocab_size)
     batches = _document_batches(corpus, eval_fraction, shuffle_seed, corpus_kwargs)
-    all_paths = [path for split in counts for path in paths[split]]
-    try:
-        _tokenize_and_sort(batches, all_paths, num_workers, tokenizer_path, write, close_writers)
-    except BaseException:
-        # A bad input line, Ctrl-C or a failed sort: leave no unsorted copy of the corpus.
-        close_writers()
-        for path in all_paths:
-            if tf.io.gfile.exists(path + _UNSORTED):
-                tf.io.gfile.remove(path + _UNSORTED)
-        raise
-
-    total = stats["train"].documents + stats["eval"].documents
-    if stats["train"].documents < 2:
-        raise PreprocessError(
-            f"corpus '{corpus}' gives {stats['train'].documents} training document(s) after tokenization: "
-            "the NSP objective needs at least 2 documents (blank line between documents in text files)"
-        )
-    for split, documents in per_shard.items():
-        # Shards are filled by hash, not in turn: with few documents per shard one can stay
-        # empty, and a host whose files are all empty would wait forever for data.
-        if stats[split].documents and 0 in documents:
-            raise PreprocessError(
-                f"{split} shard {documents.index(0)} of {counts[split]} got none of the "
-                f"{stats[split].documents} {split} documents (shards are filled by a hash): "
-                f"use fewer shards (--num_shards / --num_eval_shards)"
-            )
-    if eval_fraction > 0 and stats["eval"].documents == 0:
-        raise PreprocessError(
-            f"no held-out documents among {total}: "
-            f"raise --eval_fraction (now {eval_fraction}) or add documents"
-        )
-    single = stats["train"].single_sentence_documents + stats["eval"].single_sentence_documents
-    if single:
-        fraction = single / total
-        message = (
-            f"{single} of {total} documents have a single sentence (first: {first_single}); "
-            "their instances are always NotNext"
-        )
-        if fraction > max_single_sentence_fraction:
-            raise PreprocessError(
-                f"{message}. More than {max_single_sentence_fraction:.0%} is almost certainly a formatting "
-                "error: BERT text format is one sentence per line, a blank line only between documents "
-                "(raise --max_single_sentence_fraction if this is intended)"
-            )
-        log(f"warning: {message}")
-
+    _write_shards(batches, writer, num_workers or max(1, min(os.cpu_count() or 1, 8)), tokenizer_path)
+    _check_counts(writer, corpus, eval_fraction, max_single_sentence_fraction, log)
     tokenizer.save(os.path.join(output, shards.TOKENIZER_DIR))
-    manifest = {
-        "format_version": shards.FORMAT_VERSION,
-        "fingerprint": fingerprint,
-        "corpus": corpus,
-        "tokenizer": tokenizer.identity(),
-        "vocab_size": tokenizer.vocab_size,
-        "special_ids": {
-            "pad": tokenizer.pad_id,
-            "unk": tokenizer.unk_id,
-            "cls": tokenizer.cls_id,
-            "sep": tokenizer.sep_id,
-            "mask": tokenizer.mask_id,
-        },
-        "splits": {
-            split: dict(
-                files=[shards.shard_name(split, i, n) for i in range(n)], **dataclasses.asdict(stats[split])
-            )
-            for split, n in counts.items()
-        },
-        "dropped_empty_sentences": dropped_sentences,
-        "dropped_empty_documents": dropped_documents,
-        shards.UNIGRAM_COUNTS: unigrams.tolist(),
-        "seconds": round(time.time() - start, 1),
-    }
+    manifest = _manifest_fields(fingerprint, corpus, tokenizer, writer, round(time.time() - start, 1))
     shards.write_manifest(output, manifest)
-    written = shards.Manifest(output, manifest)
+    train, held_out = writer.stats["train"], writer.stats["eval"]
     log(
-        f"wrote {output}: {stats['train'].documents} train / {stats['eval'].documents} eval documents, "
-        f"{stats['train'].tokens + stats['eval'].tokens} tokens, {num_shards}+{num_eval_shards} shards "
-        f"in {manifest['seconds']} s (dropped {dropped_sentences} sentences with no tokens)"
+        f"wrote {output}: {train.documents} train / {held_out.documents} eval documents, "
+        f"{train.tokens + held_out.tokens} tokens, {num_shards}+{num_eval_shards} shards "
+        f"in {manifest['seconds']} s (dropped {writer.dropped_sentences} sentences with no tokens)"
     )
-    return written
+    return shards.Manifest(output, manifest)
 
 
 def build_parser():

@@ -56,7 +56,7 @@ def encode_document(doc_id: int, sentences: Sequence[Sequence[int]]) -> bytes:
         ),
         "doc_id": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc_id])),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,11 +24,18 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from core import cli
+
+if TYPE_CHECKING:  # for annotations only: the functions import what they use, so `--help` loads no JAX
+    from core.sharding import Partitioner
+    from finetune.sweep import Grid, SweepResult
+    from finetune.tasks import Example, Task, TaskData
+    from finetune.trainer import Features
+    from interop.bundle import Pretrained
 
 log = logging.getLogger("finetune")
 
@@ -44,128 +51,209 @@ def run_glue(
     mesh_spec: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tunes and evaluates every task; writes the outputs; returns results.json's content."""
-    import gin
     import jax
     import tensorflow as tf
 
     from core import sharding
-    from finetune import metrics, submission, sweep, tasks, trainer
-    from models import pretrained as pretrained_lib
+    from finetune import metrics, submission, tasks
+    from interop import bundle
 
     if (glue_dir is None) == (not use_tfds):
         raise tasks.GlueDataError("pass exactly one of --glue_dir=DIR (official TSV folders) and --tfds")
     selected = tasks.parse_tasks(tasks_spec)
     start = time.time()
-    pretrained = pretrained_lib.load_pretrained(init_checkpoint)
-    partitioner = sharding.Partitioner.create(mesh_spec)
-    main_process = jax.process_index() == 0
-    if main_process:
+    setting = _Setting(
+        pretrained=bundle.load_pretrained(init_checkpoint),
+        partitioner=sharding.Partitioner.create(mesh_spec),
+        workdir=workdir,
+        main_process=jax.process_index() == 0,
+    )
+    if setting.main_process:
         tf.io.gfile.makedirs(workdir)
-
-    def read(task: tasks.Task) -> tasks.TaskData:
-        log.info("reading %s", task.name)
-        return tasks.read_tfds(task, tfds_data_dir) if use_tfds else tasks.read_glue_dir(glue_dir, task)
-
-    names = [t.name for t in selected]
-    diagnostic = read(tasks.TASKS["ax"]) if "ax" in names else None
+    read = functools.partial(_read_task, glue_dir=glue_dir, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir)
+    diagnostic = read(tasks.TASKS["ax"]) if "ax" in [t.name for t in selected] else None
     results: dict[str, Any] = {}
     submissions: list[str] = []
     for task in selected:
         if task.name == "ax":
-            continue  # predicted with the MNLI model below
-        data = read(task)
-        grid = sweep.task_grid(task)
-        config = dataclasses.replace(
-            pretrained.config, dropout_rate=grid.dropout_rate, attention_dropout_rate=grid.dropout_rate
-        )
-        test_sets = dict(data.test)
-        file_tasks = {stem: task for stem in data.test}
-        names_by_file = dict(zip(task.test_files, task.submission_names))
-        if task.name == "mnli" and diagnostic is not None:
-            ax = tasks.TASKS["ax"]
-            test_sets.update(diagnostic.test)
-            file_tasks.update({stem: ax for stem in diagnostic.test})
-            names_by_file.update(zip(ax.test_files, ax.submission_names))
+            continue  # predicted with the MNLI model (_test_sets)
+        results[task.name] = _finetune_task(task, read(task), diagnostic, setting)
+        submissions += results[task.name]["submission_files"]
 
-        features = functools.partial(
-            trainer.featurize, task=task, tokenizer=pretrained.tokenizer, max_seq_length=grid.max_seq_length
-        )
-        train = features(data.train)
-        dev = {stem: features(rows) for stem, rows in data.dev.items()}
-        test = {stem: features(rows) for stem, rows in test_sets.items()}
-        steps = trainer.TaskSteps(
-            config, task, grid.optimizer, grid.max_seq_length, partitioner, grid.classifier_dropout_rate
-        )
-        train_one = functools.partial(trainer.finetune, steps, pretrained.params, train, dev, test)
-        outcome = sweep.sweep(task, grid, workdir, train_one)
-
-        written = []
-        for stem, logits in outcome.test_logits.items():
-            name = names_by_file[stem]
-            labels = submission.prediction_labels(file_tasks[stem], logits)
-            if main_process:
-                submission.write_predictions(os.path.join(workdir, name), test_sets[stem], labels)
-            written.append(name)
-        submissions += written
-        chosen = outcome.chosen
-        results[task.name] = {
-            "metrics": chosen["dev_median"],
-            "score_median": chosen["glue_score_median"],
-            "score_mean": chosen["glue_score_mean"],
-            "train_examples": len(train),
-            "dev_examples": {stem: len(f) for stem, f in dev.items()},
-            "test_examples": {stem: len(f) for stem, f in test.items()},
-            "truncated": {
-                "train": train.truncated,
-                **{stem: f.truncated for stem, f in {**dev, **test}.items()},
-            },
-            "chosen": chosen,
-            "chosen_seed": outcome.chosen_seed,
-            "configurations": outcome.configurations,
-            "runs_trained": outcome.trained,
-            "runs_reused": outcome.reused,
-            "submission_files": written,
-            "grid": dataclasses.asdict(grid),
-        }
-        log.info(
-            "%s: chosen %s, dev score median %.4f (mean %.4f) over seeds %s",
-            task.name,
-            chosen["name"],
-            chosen["glue_score_median"],
-            chosen["glue_score_mean"],
-            chosen["seeds"],
-        )
-
-    glue = metrics.glue_score({name: entry["score_median"] for name, entry in results.items()})
-    complete = set(submission.SUBMISSION_FILES) <= set(submissions)
     summary = {
         "init_checkpoint": init_checkpoint,
-        "pretrained_step": pretrained.step,
+        "pretrained_step": setting.pretrained.step,
         "source": "tfds" if use_tfds else glue_dir,
-        "glue_score": glue,
+        "glue_score": metrics.glue_score({name: entry["score_median"] for name, entry in results.items()}),
         "glue_score_tasks": list(results),
         "tasks": results,
         "submission_files": submissions,
-        "submission_complete": complete,
+        "submission_complete": set(submission.SUBMISSION_FILES) <= set(submissions),
         "wall_seconds": time.time() - start,
     }
-    if main_process:
-        with tf.io.gfile.GFile(os.path.join(workdir, "results.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        with tf.io.gfile.GFile(os.path.join(workdir, "results.md"), "w") as f:
-            f.write(submission.markdown_table(summary))
-        with tf.io.gfile.GFile(os.path.join(workdir, "operative_config.gin"), "w") as f:
-            f.write(gin.operative_config_str())
-        if submissions:
-            ordered = [n for n in submission.SUBMISSION_FILES if n in submissions]
-            submission.zip_submission(workdir, ordered + [n for n in submissions if n not in ordered])
-        if not complete:
-            log.info(
-                "submission.zip holds %d of the %d leaderboard files (run --tasks=all for a full submission)",
-                len(submissions),
-                len(submission.SUBMISSION_FILES),
-            )
+    if setting.main_process:
+        _write_summary(workdir, summary)
     return summary
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    """What every task's fine-tuning shares: the pretrained model, the mesh, where outputs go
+    and whether this process writes them (the first host)."""
+
+    pretrained: Pretrained
+    partitioner: Partitioner
+    workdir: str
+    main_process: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _TestSets:
+    """The test files one task's model predicts, by file stem: their rows, the task whose
+    labels they take and their leaderboard file names. MNLI's model also predicts AX."""
+
+    rows: dict[str, list[Example]]
+    tasks: dict[str, Task]
+    file_names: dict[str, str]
+
+
+def _read_task(task: Task, *, glue_dir: str | None, use_tfds: bool, tfds_data_dir: str | None) -> TaskData:
+    from finetune import tasks
+
+    log.info("reading %s", task.name)
+    return tasks.read_tfds(task, tfds_data_dir) if use_tfds else tasks.read_glue_dir(glue_dir, task)
+
+
+def _test_sets(task: Task, data: TaskData, diagnostic: TaskData | None) -> _TestSets:
+    """The task's test files, and AX's with MNLI when AX was asked for (`diagnostic`)."""
+    from finetune import tasks
+
+    test_sets = _TestSets(
+        rows=dict(data.test),
+        tasks={stem: task for stem in data.test},
+        file_names=dict(zip(task.test_files, task.submission_names)),
+    )
+    if task.name == "mnli" and diagnostic is not None:
+        ax = tasks.TASKS["ax"]
+        test_sets.rows.update(diagnostic.test)
+        test_sets.tasks.update({stem: ax for stem in diagnostic.test})
+        test_sets.file_names.update(zip(ax.test_files, ax.submission_names))
+    return test_sets
+
+
+def _finetune_task(
+    task: Task, data: TaskData, diagnostic: TaskData | None, setting: _Setting
+) -> dict[str, Any]:
+    """Sweeps the task's grid (finished runs are read back), writes its leaderboard files and
+    returns its entry of results.json."""
+    from finetune import sweep, trainer
+
+    grid = sweep.task_grid(task)
+    test_sets = _test_sets(task, data, diagnostic)
+    features = functools.partial(
+        trainer.featurize,
+        task=task,
+        tokenizer=setting.pretrained.tokenizer,
+        max_seq_length=grid.max_seq_length,
+    )
+    train = features(data.train)
+    dev = {stem: features(rows) for stem, rows in data.dev.items()}
+    test = {stem: features(rows) for stem, rows in test_sets.rows.items()}
+    config = dataclasses.replace(
+        setting.pretrained.config, dropout_rate=grid.dropout_rate, attention_dropout_rate=grid.dropout_rate
+    )
+    steps = trainer.TaskSteps(
+        config, task, grid.optimizer, grid.max_seq_length, setting.partitioner, grid.classifier_dropout_rate
+    )
+    train_one = functools.partial(trainer.finetune, steps, setting.pretrained.params, train, dev, test)
+    outcome = sweep.sweep(task, grid, setting.workdir, train_one)
+    written = _write_predictions(outcome, test_sets, setting)
+    _log_choice(task, outcome.chosen)
+    return _task_result(outcome, grid, train, dev, test, written)
+
+
+def _write_predictions(outcome: SweepResult, test_sets: _TestSets, setting: _Setting) -> list[str]:
+    """The leaderboard files of the chosen configuration's test predictions; returns their
+    names (every process, the files only from the first)."""
+    from finetune import submission
+
+    written = []
+    for stem, logits in outcome.test_logits.items():
+        name = test_sets.file_names[stem]
+        labels = submission.prediction_labels(test_sets.tasks[stem], logits)
+        if setting.main_process:
+            submission.write_predictions(os.path.join(setting.workdir, name), test_sets.rows[stem], labels)
+        written.append(name)
+    return written
+
+
+def _task_result(
+    outcome: SweepResult,
+    grid: Grid,
+    train: Features,
+    dev: dict[str, Features],
+    test: dict[str, Features],
+    written: list[str],
+) -> dict[str, Any]:
+    """A task's entry of results.json: the chosen configuration's dev metrics and scores, the
+    examples read (and truncated), every configuration and the files written."""
+    chosen = outcome.chosen
+    return {
+        "metrics": chosen["dev_median"],
+        "score_median": chosen["glue_score_median"],
+        "score_mean": chosen["glue_score_mean"],
+        "train_examples": len(train),
+        "dev_examples": {stem: len(f) for stem, f in dev.items()},
+        "test_examples": {stem: len(f) for stem, f in test.items()},
+        "truncated": {
+            "train": train.truncated,
+            **{stem: f.truncated for stem, f in {**dev, **test}.items()},
+        },
+        "chosen": chosen,
+        "chosen_seed": outcome.chosen_seed,
+        "configurations": outcome.configurations,
+        "runs_trained": outcome.trained,
+        "runs_reused": outcome.reused,
+        "submission_files": written,
+        "grid": dataclasses.asdict(grid),
+    }
+
+
+def _log_choice(task: Task, chosen: dict[str, Any]) -> None:
+    log.info(
+        "%s: chosen %s, dev score median %.4f (mean %.4f) over seeds %s",
+        task.name,
+        chosen["name"],
+        chosen["glue_score_median"],
+        chosen["glue_score_mean"],
+        chosen["seeds"],
+    )
+
+
+def _write_summary(workdir: str, summary: dict[str, Any]) -> None:
+    """results.json, results.md, operative_config.gin and submission.zip (the leaderboard's
+    files first, in its order)."""
+    import gin
+    import tensorflow as tf
+
+    from finetune import submission
+
+    with tf.io.gfile.GFile(os.path.join(workdir, "results.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with tf.io.gfile.GFile(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(submission.markdown_table(summary))
+    with tf.io.gfile.GFile(os.path.join(workdir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+    submissions = summary["submission_files"]
+    if submissions:
+        ordered = [n for n in submission.SUBMISSION_FILES if n in submissions]
+        submission.zip_submission(workdir, ordered + [n for n in submissions if n not in ordered])
+    if not summary["submission_complete"]:
+        log.info(
+            "submission.zip holds %d of the %d leaderboard files (run --tasks=all for a full submission)",
+            len(submissions),
+            len(submission.SUBMISSION_FILES),
+        )
 
 
 def build_parser():

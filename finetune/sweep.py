@@ -51,7 +51,7 @@ class Grid:
       warmup_ratio: linear warmup over this fraction of the steps, then linear decay to 0.
       max_seq_length: tokens per example, [CLS] and [SEP]s included.
       dropout_rate: the encoder's hidden and attention dropout while fine-tuning (ALBERT v2: 0).
-      classifier_dropout_rate: the head's dropout (finetune/model.py): before the classifier
+      classifier_dropout_rate: the head's dropout (models/classifier.py): before the classifier
         (0.1 in BERT and ALBERT); RoBERTa's head has it before and after its dense layer
         (fairseq's --pooler-dropout, 0 in configs/glue/roberta.gin).
       weight_decay, adam_b1, adam_b2, adam_eps, clip_norm: AdamW (RoBERTa: wd 0.1, b2 0.98).

@@ -43,8 +43,9 @@ from core.throughput import Throughput
 from data import tokenizers
 from data.tokenizers import Tokenizer
 from finetune import metrics
-from finetune.model import ClassifierModel, load_encoder
+from finetune.model import load_encoder
 from finetune.tasks import Example, Task
+from models.classifier import ClassifierModel
 from models.encoder import EncoderConfig
 
 log = logging.getLogger("finetune")
@@ -196,7 +197,7 @@ class TaskSteps:
         classifier_dropout_rate: float = 0.1,
     ):
         config.check_length(max_seq_length, "Grid.max_seq_length")
-        self.partitioner, self.task = partitioner, task
+        self.partitioner, self.task, self.config = partitioner, task, config
         self.model = ClassifierModel(config, task.num_outputs, classifier_dropout_rate)
         self._make_optimizer = optim.grid_adamw(
             **dataclasses.asdict(optimizer_config), num_layers=config.num_layers
@@ -237,7 +238,7 @@ class TaskSteps:
         and the grid point's schedule (peak learning rate, warmup, total steps)."""
         state = self.states(jax.random.key(seed))
         with self.partitioner:
-            params = load_encoder(state.params, pretrained_params, self.states.shardings.params)
+            params = load_encoder(self.config, state.params, pretrained_params, self.states.shardings.params)
         opt_state = optim.set_hyperparams(
             state.opt_state, learning_rate=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps
         )

@@ -8,7 +8,7 @@ Built from an `EncoderConfig` whose `disentangled` is set (models/disentangled.p
 Q query rows, K key rows, H hidden, N heads, D = H / N, E embedding width, P masked
 positions, S attention span (the relative table has 2S rows).
 
-Parameter tree of `DebertaEncoder` (HF names in models/convert.py):
+Parameter tree of `DebertaEncoder` (HF names in interop/convert/deberta.py):
 
     embeddings/word_embeddings/embedding                  [padded V, E]
     embeddings/position_embeddings/embedding              [max positions, E]: only when the
@@ -38,7 +38,9 @@ masked rows uniform, which only padding queries see). LayerNorms are float32.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -49,7 +51,7 @@ from core import axes
 from core.errors import ConfigError
 from models import matmul
 from models.disentangled import relative_index
-from models.dropout import dropout
+from models.dropout import Dropout, dropout
 from models.encoder import (
     MASKED_LOGIT,
     REMAT_POLICIES,
@@ -60,6 +62,7 @@ from models.encoder import (
     bias_init,
     constrain_hidden,
     default_positions,
+    dense,
     heads_in,
     heads_out,
     hidden_dropout,
@@ -68,6 +71,9 @@ from models.encoder import (
     pool,
     real_rows_init,
 )
+from models.heads import ClassifierHead
+
+log = logging.getLogger(__name__)
 
 _CONV_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
@@ -524,3 +530,42 @@ def _enhanced_mask_decoder(
     for _ in range(2):
         query = last_layer(penultimate, mask, rel_index, rel, deterministic, query_states=query)
     return query
+
+
+# The absolute position table in a DeBERTa encoder tree: read by the enhanced mask decoder
+# (pretraining, fill-mask), and by the input only with position_biased_input.
+POSITION_TABLE = ("embeddings", "position_embeddings", "embedding")
+
+
+def has_mask_decoder_table(config: EncoderConfig, encoder: Mapping[str, Any]) -> bool:
+    """Whether a masked LM of this encoder tree reads the enhanced mask decoder: a DeBERTa
+    tree with the absolute position table (our pretraining keeps it; a transformers
+    checkpoint usually has none, and its MLM head then reads the last layer, as
+    transformers' does)."""
+    return config.disentangled is not None and "position_embeddings" in encoder.get("embeddings", {})
+
+
+def encoder_for_finetuning(config: EncoderConfig, encoder: Mapping[str, Any]) -> dict[str, Any]:
+    """A pretrained encoder tree without what only DeBERTa's pretraining reads: the position
+    table of the enhanced mask decoder, which a fine-tuning encoder without a position-biased
+    input does not build. Other trees come back unchanged."""
+    if config.disentangled is None or config.disentangled.position_biased_input:
+        return dict(encoder)
+    if POSITION_TABLE[1] not in encoder.get(POSITION_TABLE[0], {}):
+        return dict(encoder)
+    log.info("DeBERTa's absolute position table (read only by its pretraining mask decoder): left out")
+    embeddings = {k: v for k, v in encoder[POSITION_TABLE[0]].items() if k != POSITION_TABLE[1]}
+    return {**encoder, POSITION_TABLE[0]: embeddings}
+
+
+def _context_pooler(cfg: EncoderConfig, encoded: EncoderOutput, dropout: Dropout, deterministic: bool):
+    # pooler_dropout is 0 in every published config; the head's dropout after it is the
+    # original's cls_dropout (the hidden dropout unless a task sets it).
+    first = encoded.sequence_output[:, 0]
+    return cfg.activation(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="classifier_dense")(first))
+
+
+#: The fine-tuning head (`classifier_head = "deberta"`): the original's ContextPooler
+#: (DeBERTa/deberta/pooling.py; HF ContextPooler), dense -> GELU on the first token, then
+#: dropout -> classifier.
+CLASSIFIER_HEAD = ClassifierHead(_context_pooler)

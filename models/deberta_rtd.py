@@ -26,7 +26,7 @@ Parameter tree (H = width, both towers; L_g = generator depth, half the discrimi
     rtd_head/{layer_norm, dense, classifier}
 
 `encoder` keeps the name every later stage reads; `fold_gdes` turns it into a plain
-DeBERTa encoder tree (word table = generator's + delta), which models/pretrained.py does
+DeBERTa encoder tree (word table = generator's + delta), which models/trees.py does
 whenever a workdir is loaded.
 """
 
@@ -144,3 +144,20 @@ def fold_gdes(params: Mapping[str, Any]) -> dict[str, Any]:
     shared = params["generator"]["embeddings"]["word_embeddings"]["embedding"]
     embeddings["word_embeddings"] = {"embedding": np.asarray(shared) + np.asarray(delta)}
     return {**params, "encoder": {**params["encoder"], "embeddings": embeddings}}
+
+
+def generator_masked_lm(
+    config: EncoderConfig, params: Mapping[str, Any]
+) -> tuple[EncoderConfig, dict] | None:
+    """The masked LM of a DeBERTa-v3 tree (fill-mask, export): its generator as a DeBERTa
+    masked-LM model of its own, the form of transformers' DebertaV2ForMaskedLM: its
+    EncoderConfig (the discriminator's, with the generator's depth, read from the tree) and
+    a BertPretrainingModel tree {encoder: `generator` (its own word and position tables),
+    mlm_head: `generator_head`}, to run with the enhanced mask decoder. None for a tree of
+    another family or without a generator (models/trees.py asks each family in turn)."""
+    if config.disentangled is None or "generator" not in params:
+        return None
+    generator = params["generator"]
+    layers = sum(1 for name in generator if name.startswith("layer_"))
+    generator_config = dataclasses.replace(config, num_layers=layers, pooler=False)
+    return generator_config, {"encoder": generator, "mlm_head": params["generator_head"]}

@@ -31,15 +31,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from core import axes
 from core.errors import ConfigError
-from models.encoder import Encoder, EncoderConfig, bias_init, dense
-from models.heads import MaskedLMHead
+from models.dropout import Dropout
+from models.encoder import Encoder, EncoderConfig, EncoderOutput, bias_init, dense
+from models.heads import ClassifierHead, MaskedLMHead, NoMaskedLMError
 
 # google-research/electra configure_pretraining.py: generator_hidden_size per model size
 # (the paper's Section 3.2 and Table 6: 1/4 for small and large, 1/3 for base).
@@ -213,3 +216,64 @@ class ElectraPretrainingModel(nn.Module):
             encoded.sequence_output
         )
         return outputs
+
+
+def generator_masked_lm(
+    config: EncoderConfig, params: Mapping[str, Any]
+) -> tuple[EncoderConfig, dict] | None:
+    """The masked LM of an ELECTRA tree (fill-mask, export): its generator, in the form of
+    transformers' ElectraForMaskedLM: an EncoderConfig and a BertPretrainingModel tree
+    {encoder: the shared embeddings + the generator's projection and layers, mlm_head:
+    generator_head}, for the tree `params` of the discriminator's `config`. None for a tree
+    of another family (models/trees.py asks each family in turn).
+
+    BertPretrainingModel(that config, sentence_head=False) computes what
+    ElectraPretrainingModel's generator does: the same embedding block (its config keeps the
+    discriminator's embedding width, vocab, positions and types), then the generator's own
+    E -> H_g projection (when E != H_g), layers and head. The workdir records only the
+    discriminator's config, so the generator's shape is read from its layer_0: H_g and N
+    from the query kernel [H_g, N, D], F from the intermediate kernel [H_g, F].
+
+    Raises:
+      NoMaskedLMError: an ELECTRA discriminator imported without its generator.
+    """
+    if "discriminator_head" not in params:
+        return None
+    if "generator" not in params:
+        raise NoMaskedLMError(
+            "the workdir is an ELECTRA discriminator without its generator: the discriminator has no "
+            "MLM head; import the generator too (interop.convert import --generator_from=hf:DIR)"
+        )
+    generator = params["generator"]
+    hidden, heads, _ = np.shape(generator["layer_0"]["attention"]["query"]["kernel"])
+    generator_config = dataclasses.replace(
+        config,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=np.shape(generator["layer_0"]["intermediate"]["kernel"])[1],
+        num_layers=sum(name.startswith("layer_") for name in generator),
+        embedding_size=config.embedding_width,
+        pooler=False,
+    )
+    tree = {
+        "encoder": {"embeddings": params["encoder"]["embeddings"], **generator},
+        "mlm_head": params["generator_head"],
+    }
+    return generator_config, tree
+
+
+def _first_token(cfg: EncoderConfig, encoded: EncoderOutput, dropout: Dropout, deterministic: bool):
+    return encoded.sequence_output[:, 0]
+
+
+def _glorot(cfg: EncoderConfig):
+    # The original's `tf.layers.dense` without a kernel_initializer: TF's Glorot uniform.
+    return nn.with_logical_partitioning(nn.initializers.glorot_uniform(), (axes.EMBED, None))
+
+
+#: The fine-tuning head (`classifier_head = "electra"`), google-research/electra
+#: classification_tasks.py `get_prediction_module`: the first token's final hidden state
+#: (`get_pooled_output` is `sequence_output[:, 0]`, no dense or tanh) -> dropout ->
+#: classifier. HF's ElectraClassificationHead adds a dense + GELU layer first; the original
+#: has none.
+CLASSIFIER_HEAD = ClassifierHead(_first_token, classifier_init=_glorot)

@@ -61,12 +61,11 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # HF configs' "gelu" is the exact erf form. google-research/bert's modeling.py used erf
     # when BERT's checkpoints were trained and released (2018) and switched to the tanh
     # approximation later; google-research/albert's modeling.py has the tanh form (HF albert
-    # configs say "gelu_new"). models/convert.py imports each TF config accordingly.
+    # configs say "gelu_new"). interop/convert/ imports each TF config accordingly.
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-CLASSIFIER_HEADS = ("pooler", "roberta", "electra", "deberta")
 _ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
 _MATMUL_ACCUMULATIONS = ("float32", "compute")
 # Cross-layer parameter sharing (ALBERT, arXiv 1909.11942 Table 4): which sub-blocks
@@ -130,8 +129,8 @@ class EncoderConfig:
         which BERT's and ALBERT's classifiers read. RoBERTa has none (fairseq trains no
         pooler; its classifier brings a fresh dense layer). A pretraining model with a
         sentence objective (NSP/SOP) builds it whatever this says.
-      classifier_head: the family's fine-tuning head, one of CLASSIFIER_HEADS
-        (finetune/model.py): "pooler" (BERT, ALBERT: dropout -> dense on the pooled
+      classifier_head: the family's fine-tuning head, a name in models/classifier.py's
+        `HEADS`: "pooler" (BERT, ALBERT: dropout -> dense on the pooled
         output) or "roberta" (fairseq's RobertaClassificationHead: dropout -> dense ->
         tanh -> dropout -> dense on the first token) or "electra" (google-research/electra
         classification_tasks.py: dropout -> dense on the first token's hidden state) or
@@ -226,8 +225,12 @@ class EncoderConfig:
             )
         if not 0 <= self.position_offset < self.max_position_embeddings:
             fail("position_offset", f"in [0, max_position_embeddings={self.max_position_embeddings})")
-        if self.classifier_head not in CLASSIFIER_HEADS:
-            fail("classifier_head", f"one of {CLASSIFIER_HEADS}")
+        # The heads live in the families' modules, which build on this one: looked up at
+        # construction, when every module is loaded.
+        from models.classifier import HEADS
+
+        if self.classifier_head not in HEADS:
+            fail("classifier_head", f"one of {tuple(HEADS)}")
         if self.disentangled is not None:
             settings = (("sharing", "none"), ("scan_layers", False), ("position_offset", 0))
             for name, bert_only in (*settings, ("attention_implementation", None)):

@@ -1,5 +1,6 @@
 """Pretraining heads: the masked-LM head (tied decoder), the NSP/SOP head and SpanBERT's
-span boundary (SBO) head.
+span boundary (SBO) head; and the fine-tuning heads' form (`ClassifierHead`) with BERT's and
+RoBERTa's (ELECTRA's and DeBERTa's are in their own modules; models/classifier.py names them).
 
 Parameter trees (names map onto BERT's cls/predictions and cls/seq_relationship):
 
@@ -14,13 +15,22 @@ Parameter trees (names map onto BERT's cls/predictions and cls/seq_relationship)
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from core import axes
+from core.errors import UserError
 from models import matmul
-from models.encoder import EncoderConfig, bias_init, dense, kernel_init, layer_norm
+from models.dropout import Dropout
+from models.encoder import EncoderConfig, EncoderOutput, bias_init, dense, kernel_init, layer_norm
+
+
+class NoMaskedLMError(UserError):
+    """A pretrained tree without a masked-LM head where one is needed (fill-mask): one line."""
 
 
 class MaskedLMHead(nn.Module):
@@ -137,6 +147,10 @@ class SpanBoundaryHead(nn.Module):
         x = jnp.concatenate([at(left), at(right), table(offset)], axis=-1)
         x = cfg.activation(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="dense_1")(x))
         x = layer_norm(cfg, axes.EMBED, name="layer_norm_1")(x).astype(cfg.compute_dtype)
+        # Back to dense_2's input layout: dense_1 leaves H labelled `mlp` (split over
+        # `tensor`). Left to the partitioner, the backward through layer_norm_1 came out wrong
+        # on a data x fsdp x tensor mesh with microbatches (tests/test_spanbert.py's layouts).
+        x = nn.with_logical_constraint(x, (axes.BATCH, axes.PREDICTIONS, axes.EMBED))
         out_axis = axes.FACTORIZED if cfg.factorized_embedding else axes.MLP
         x = cfg.activation(dense(cfg, cfg.embedding_width, (axes.EMBED, out_axis), name="dense_2")(x))
         x = layer_norm(cfg, cfg.embedding_axis, name="layer_norm_2")(x).astype(cfg.compute_dtype)
@@ -161,3 +175,38 @@ class SentenceHead(nn.Module):
             bias_init=bias_init((None,)),
             name="classifier",
         )(pooled_output)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierHead:
+    """A family's fine-tuning head up to its classifier (models/classifier.py adds the final
+    dense layer to the classes).
+
+    features(cfg, encoded, dropout, deterministic) -> [B, H] compute dtype: called inside
+    ClassifierModel's own scope, so a dense layer it makes is a parameter of the fine-tuning
+    tree's top level (`classifier_dense`, which core/optim.py's layer-wise decay knows);
+    `dropout` is the head's (classifier_dropout_rate). reads_pooler: the encoder is built
+    with BERT's pooler (and a pretrained pooler is loaded). classifier_init: the final
+    classifier's kernel initialiser for a config (default: the model's truncated normal).
+    """
+
+    features: Callable[[EncoderConfig, EncoderOutput, Dropout, bool], jax.Array]
+    reads_pooler: bool = False
+    classifier_init: Callable[[EncoderConfig], Callable] | None = None
+
+
+def _pooled_output(cfg: EncoderConfig, encoded: EncoderOutput, dropout: Dropout, deterministic: bool):
+    return encoded.pooled_output
+
+
+def _roberta_features(cfg: EncoderConfig, encoded: EncoderOutput, dropout: Dropout, deterministic: bool):
+    first = dropout(encoded.sequence_output[:, 0], deterministic=deterministic)
+    return jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="classifier_dense")(first))
+
+
+#: BERT and ALBERT (google-research/bert run_classifier.py `create_model`): the pretrained
+#: pooler's output (dense + tanh on the first token) -> dropout -> classifier.
+POOLER_HEAD = ClassifierHead(_pooled_output, reads_pooler=True)
+#: fairseq's RobertaClassificationHead (as HF's): first token -> dropout -> dense H -> tanh
+#: -> dropout -> classifier. The dense layer is new: RoBERTa pretrains no pooler.
+ROBERTA_HEAD = ClassifierHead(_roberta_features)

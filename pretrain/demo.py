@@ -74,16 +74,16 @@ def _unigram_baseline(data_dir: str, eval_batches) -> tuple[float, str]:
 
 def _fill_mask_examples(workdir: str) -> tuple[list[str], dict[str, float]]:
     """Masks one word, chosen at random among its words that are a single wordpiece, in each
-    held-out sentence of 8-20 words that has one, and has the model (models.predict's
+    held-out sentence of 8-20 words that has one, and has the model (interop.predict's
     fill-mask on the run's workdir: any objective with an MLM head) fill it. Returns the
     report lines (a few sentences with the model's top 5, then the hit rates over all of
     them) and the rates."""
     import numpy as np
 
     from data import corpora
-    from models import predict, pretrained
+    from interop import bundle, predict
 
-    model = pretrained.load_pretrained(workdir)
+    model = bundle.load_pretrained(workdir)
     tokenizer = model.tokenizer
     docs = [d for d in corpora.demo_documents() if corpora.is_heldout(d, 0.05)]
     sentences = [s for d in docs for s in d.sentences if 8 <= len(s.split()) <= 20]
@@ -153,7 +153,7 @@ def _run(args) -> None:
     from core import metrics_log
     from core import workdir as workdir_lib
     from data import pipeline, preprocess
-    from models import pretrained
+    from interop import bundle
     from models.encoder import EncoderConfig
     from pretrain import trainer
 
@@ -193,7 +193,7 @@ def _run(args) -> None:
     )
     model_config = EncoderConfig()
     if os.path.exists(os.path.join(run_dir, workdir_lib.MODEL_CONFIG)):
-        saved = pretrained.load_model_config(run_dir)
+        saved = bundle.load_model_config(run_dir)
         if saved != model_config:
             # E.g. the BERT-Tiny run of a `make demo` from before its model changed.
             differ = [

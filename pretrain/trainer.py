@@ -1,7 +1,8 @@
 """The pretraining loop: prepare, restore or init, train, finish; for any objective.
 
-`run(...)` is the gin-configured entry point (pretrain/train.py, tests). It builds what the
-run needs (`Trainer.__init__`), restores the latest checkpoint or starts fresh
+`run(workdir, settings)` is the entry point (pretrain/train.py, tests); the settings are one
+`RunSettings`, which gin configures as `run` (`run.steps = 100`). It builds what the run
+needs (`Trainer.__init__`), restores the latest checkpoint or starts fresh
 (`restore_or_init`), trains (`train`: the host does only NumPy/tf.data work per step, hands
 each batch to the jitted step with the state donated and the metrics left on device, and
 fetches metrics every `log_every` steps) and writes the summary (`finish`). What is
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from core.preemption import StopWatcher
 from core.state import TrainState, params_sha256
 from core.throughput import Throughput
 from data import pipeline, shards
-from models import pretrained as pretrained_lib
+from interop import bundle, warm_start
 from models.encoder import EncoderConfig
 from pretrain import step as step_lib
 from pretrain.monitor import StepMonitor
@@ -43,72 +45,13 @@ from pretrain.phases import Phases
 log = logging.getLogger(__name__)
 
 
+@gin.configurable("run")
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """The arguments of `run` (documented there), checked."""
+class RunSettings:
+    """The settings of a pretraining run, checked; gin configures them as `run`, the name the
+    gin files bind (`run.steps = 100`, `run.model_config = @EncoderConfig()`).
 
-    data_dir: str
-    model_config: EncoderConfig
-    pipeline_config: pipeline.PipelineConfig
-    steps: int
-    batch_size: int
-    microbatches: int
-    optimizer_fn: Callable
-    seed: int
-    log_every: int
-    eval_every: int
-    eval_batches: int
-    eval_at_start: bool
-    checkpoint_every: int
-    max_checkpoints: int
-    max_skipped_steps: int
-    dropout_prng: str
-    reset_data_iterator: bool
-    phase2_start: int | None
-    phase2_pipeline_config: pipeline.PipelineConfig | None
-    init_from: str | None
-    mesh_spec: str | None
-
-    def __post_init__(self):
-        for name in ("data_dir", "model_config", "pipeline_config", "steps"):
-            if getattr(self, name) is None:
-                raise ConfigError(f"run.{name} is not set: bind it in the gin file or with --gin_bindings")
-        for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "max_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
-        prng.check_dropout_prng(self.dropout_prng)
-
-
-@gin.configurable(denylist=["workdir", "mesh_spec"])
-def run(
-    workdir: str,
-    *,
-    data_dir: str | None = None,
-    model_config: EncoderConfig | None = None,
-    pipeline_config: pipeline.PipelineConfig | None = None,
-    steps: int | None = None,
-    batch_size: int = 256,
-    microbatches: int = 1,
-    optimizer_fn: Callable = adamw,
-    seed: int = 0,
-    log_every: int = 100,
-    eval_every: int = 1000,
-    eval_batches: int = 20,
-    eval_at_start: bool = False,
-    checkpoint_every: int = 1000,
-    max_checkpoints: int = 3,
-    max_skipped_steps: int = 0,
-    dropout_prng: str = "threefry",
-    reset_data_iterator: bool = False,
-    phase2_start: int | None = None,
-    phase2_pipeline_config: pipeline.PipelineConfig | None = None,
-    init_from: str | None = None,
-    mesh_spec: str | None = None,
-) -> dict[str, Any]:
-    """Pretrains (or resumes) in `workdir`; returns what it writes to `workdir/summary.json`.
-
-    Args:
-      workdir: checkpoints, metrics, TensorBoard, operative config and summary go here.
+    Attributes:
       data_dir: output of `data.preprocess` (manifest.json + shards). Required.
       model_config, pipeline_config: the encoder and the instance/masking recipe. Required.
         The objective trained is the recipe's `make_objective` (pretrain/objectives/), by
@@ -133,16 +76,87 @@ def run(
         optimizer state and restart the data stream instead of stopping with an error.
         The data order then differs from an uninterrupted run's.
       phase2_start, phase2_pipeline_config: BERT's two phases in one run (pretrain/phases.py).
-      init_from: a workdir (ours, or `models.convert import`'s) whose parameters start the
-        run: continued pretraining. Used only when `workdir` has no checkpoint yet; the
-        optimizer state and step start fresh; heads the source lacks start from init.
+      init_from: a workdir (ours, or `interop.convert import`'s) whose parameters start the
+        run: continued pretraining. Used only when the run's workdir has no checkpoint yet;
+        the optimizer state and step start fresh; heads the source lacks start from init.
+
+    The mesh is not a setting of the run (the same run resumes on another mesh): `run`
+    takes it as `mesh_spec`.
+    """
+
+    data_dir: str | None = None
+    model_config: EncoderConfig | None = None
+    pipeline_config: pipeline.PipelineConfig | None = None
+    steps: int | None = None
+    batch_size: int = 256
+    microbatches: int = 1
+    optimizer_fn: Callable = adamw
+    seed: int = 0
+    log_every: int = 100
+    eval_every: int = 1000
+    eval_batches: int = 20
+    eval_at_start: bool = False
+    checkpoint_every: int = 1000
+    max_checkpoints: int = 3
+    max_skipped_steps: int = 0
+    dropout_prng: str = "threefry"
+    reset_data_iterator: bool = False
+    phase2_start: int | None = None
+    phase2_pipeline_config: pipeline.PipelineConfig | None = None
+    init_from: str | None = None
+
+    def __post_init__(self):
+        for name in ("data_dir", "model_config", "pipeline_config", "steps"):
+            if getattr(self, name) is None:
+                raise ConfigError(f"run.{name} is not set: bind it in the gin file or with --gin_bindings")
+        for name in _INT_SETTINGS:
+            value = getattr(self, name)
+            if not (value is None and name == "phase2_start") and not _is_int(value):
+                raise ConfigError(f"run.{name} must be an integer, got {value!r}")
+        for name in ("eval_at_start", "reset_data_iterator"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ConfigError(f"run.{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "max_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        prng.check_dropout_prng(self.dropout_prng)
+
+
+# Checked in RunSettings: gin passes whatever a binding says, and `run.steps = 'ten'` would
+# otherwise fail deep in the run with a TypeError.
+_INT_SETTINGS = (
+    "steps",
+    "batch_size",
+    "microbatches",
+    "seed",
+    "log_every",
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "max_checkpoints",
+    "max_skipped_steps",
+    "phase2_start",
+)
+
+
+def _is_int(value: Any) -> bool:
+    """An int or a NumPy integer, and not a bool (which Python counts as an int)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def run(workdir: str, settings: RunSettings | None = None, *, mesh_spec: str | None = None) -> dict[str, Any]:
+    """Pretrains (or resumes) in `workdir`; returns what it writes to `workdir/summary.json`.
+
+    Args:
+      workdir: checkpoints, metrics, TensorBoard, operative config and summary go here.
+      settings: the run's settings (RunSettings); None = `RunSettings()`, i.e. the gin
+        bindings of `run`.
       mesh_spec: e.g. 'data:4,fsdp:2,tensor:1'; None puts every device on `data`.
 
     A SIGTERM/SIGINT (preemption) stops after the current step with a checkpoint; the
     returned dict then has `stopped_by` and no summary.json is written.
     """
-    settings = Settings(**{k: v for k, v in locals().items() if k != "workdir"})
-    trainer = Trainer(workdir, settings)
+    trainer = Trainer(workdir, settings if settings is not None else RunSettings(), mesh_spec=mesh_spec)
     state, iterator, resumed_from = trainer.restore_or_init()
     return trainer.finish(trainer.train(state, iterator), resumed_from)
 
@@ -164,7 +178,7 @@ class Outcome:
 class Trainer:
     """One call of `run`: everything built once, then the phases of the run."""
 
-    def __init__(self, workdir: str, settings: Settings):
+    def __init__(self, workdir: str, settings: RunSettings, *, mesh_spec: str | None = None):
         """Prepare: check the data, mesh, workdir and disk; build the objective, the sharded
         steps and the checkpointer. Nothing is trained and no state is allocated yet."""
         s = self.settings = settings
@@ -172,7 +186,7 @@ class Trainer:
         self.start_time = time.time()
         self.manifest = shards.load_manifest(s.data_dir)
         _check_vocab(s.model_config, self.manifest)
-        self.partitioner = sharding.Partitioner.create(s.mesh_spec)
+        self.partitioner = sharding.Partitioner.create(mesh_spec)
         self.local_batch = sharding.check_batch_size(
             s.batch_size, self.partitioner.mesh, jax.process_count(), s.microbatches
         )
@@ -269,7 +283,7 @@ class Trainer:
             return state, iterators[resumed_from], resumed_from
         state = self.steps.states(jax.random.key(s.seed))
         if s.init_from is not None:
-            params = pretrained_lib.warm_start_params(
+            params = warm_start.warm_start_params(
                 s.init_from, state.params, self.steps.states.shardings.params, self.manifest
             )
             state = state.replace(params=params)
@@ -286,7 +300,7 @@ class Trainer:
         if jax.process_index() == 0:
             with tf.io.gfile.GFile(os.path.join(self.workdir, "config.gin"), "w") as f:
                 f.write(config)
-            pretrained_lib.write_model_info(self.workdir, s.model_config, s.data_dir)
+            bundle.write_model_info(self.workdir, s.model_config, s.data_dir)
 
     def evaluate(self, params: Any, step: int) -> dict[str, float]:
         """Mean metrics over the first `eval_batches` held-out batches (always the same rows),

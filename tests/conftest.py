@@ -17,6 +17,8 @@ tests start (the training CLI, the fault-injection runs) inherit it.
 
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -45,3 +47,42 @@ def pytest_collection_modifyitems(items):
         return marker.args[0] if marker else 0
 
     items.sort(key=seconds, reverse=True)
+
+
+@pytest.fixture(scope="session")
+def synthetic_shards(tmp_path_factory) -> str:
+    """Shards of synthetic documents (data/synthetic.py: 100 for training, 12 held out, token
+    ids that name document and sentence), written once per test session; tests/tiny.py trains
+    on them."""
+    from data import synthetic
+
+    return synthetic.write_shards(
+        str(tmp_path_factory.mktemp("synthetic_shards")),
+        synthetic.make_documents(100, seed=1, max_len=8),
+        synthetic.make_documents(12, seed=2, max_len=8, first_id=150),
+    )
+
+
+@pytest.fixture(scope="session")
+def text_shards(tmp_path_factory) -> str:
+    """Shards of real English (the first 80 documents of the demo corpus, 10% held out) with a
+    600-token WordPiece vocabulary trained on them, written once per test session: for what
+    needs words (whole-word and span masking) or a tokenizer (fine-tuning on text)."""
+    from data import corpora, preprocess, tokenizers
+
+    base = tmp_path_factory.mktemp("text_shards")
+    docs = [d.sentences for d in corpora.demo_documents()[:80]]
+    tokenizers.train_wordpiece(docs, 600).save(str(base / "tokenizer"))
+    corpus = base / "corpus.txt"
+    corpus.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    data_dir = str(base / "data")
+    preprocess.preprocess(
+        str(corpus),
+        str(base / "tokenizer"),
+        data_dir,
+        num_shards=2,
+        eval_fraction=0.1,
+        num_workers=1,
+        log=lambda message: None,
+    )
+    return data_dir

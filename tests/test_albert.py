@@ -22,7 +22,7 @@ from models.encoder import Encoder, EncoderConfig
 from models.pretraining import BertPretrainingModel, abstract_params
 from pretrain import step, trainer  # noqa: F401  (trainer registers run for the recipe tests)
 from pretrain.objectives import MaskedLM
-from tests import jitted
+from tests import jitted, mesh_training
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -368,17 +368,9 @@ def _train_batches(n, batch_size=8, seed=0):
 
 
 def _train(mesh_spec, batches, config):
-    # A large eps keeps the first updates continuous in the gradient (see test_sharding.py).
-    optimizer, schedule = optim.lamb(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
-    partitioner = sharding.Partitioner.create(mesh_spec, jax.devices()[:1] if mesh_spec is None else None)
     objective = MaskedLM(config, PipelineConfig(max_seq_length=max(L, 8), max_predictions_per_seq=P))
-    steps = step.build(objective=objective, optimizer=optimizer, schedule=schedule, partitioner=partitioner)
-    state, losses = steps.states(jax.random.key(0)), []
-    with partitioner:
-        for batch in batches:
-            state, metrics = steps.train_step(state, partitioner.global_batch(batch), jax.random.key(1))
-            losses.append(float(metrics["loss"]))
-    return state, losses
+    mesh = sharding.make_mesh(mesh_spec, jax.devices()[:1] if mesh_spec is None else None)
+    return mesh_training.train(mesh, batches, objective, optimizer_fn=optim.lamb)
 
 
 @pytest.mark.slow(15)

@@ -14,9 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = [
     "data.preprocess",
     "data.tokenizers",
-    "models.convert",
-    "models.encode",
-    "models.predict",
+    "interop.convert",
+    "interop.encode",
+    "interop.predict",
     "pretrain.train",
     "pretrain.summary",
     "pretrain.ablate",
@@ -42,6 +42,8 @@ def _parsers(parser: argparse.ArgumentParser):
 @pytest.mark.parametrize("name", TOOLS)
 def test_help_explains_every_flag(name, capsys):
     module = importlib.import_module(name)
+    if hasattr(module, "__path__"):  # a package: its command line is cli.py (__main__.py runs it)
+        module = importlib.import_module(f"{name}.cli")
     # TensorFlow's environment first (quiet start; ruff's isort keeps it before TensorFlow).
     assert "\nimport core.tf_env" in open(module.__file__).read(), name
     for parser in _parsers(module.build_parser()):
@@ -88,7 +90,7 @@ def test_every_error_class_is_a_user_error():
     from core.errors import UserError
 
     found = []
-    for package in ("core", "data", "models", "pretrain", "finetune", "bench"):
+    for package in ("core", "data", "models", "interop", "pretrain", "finetune", "bench"):
         for info in pkgutil.walk_packages([os.path.join(ROOT, package)], prefix=f"{package}."):
             if info.name == "bench.peer_hf":  # the peer's own virtualenv only
                 continue
@@ -100,9 +102,11 @@ def test_every_error_class_is_a_user_error():
     assert len(found) >= 15
 
 
-# --- one-step smoke runs of the tools whose own tests are long (`make test-fast` keeps these) ---
+# --- one-step smoke runs of the tools whose own tests are long: `make test-fast` runs these,
+# `make test` the long tests they name (a smoke test proves nothing those do not) ---
 
 
+@pytest.mark.smoke("tests/test_demo.py::test_demo_runs_every_stage_and_reports")
 def test_demo_smoke(tmp_path, capsys, monkeypatch):
     from pretrain import demo
     from tests import cli_run
@@ -116,6 +120,7 @@ def test_demo_smoke(tmp_path, capsys, monkeypatch):
     assert "Metadata file does not exist" not in result.stderr  # orbax noise on reading params
 
 
+@pytest.mark.smoke("tests/test_ablate.py::test_grid_runs_every_arm_then_skips_them")
 def test_ablate_smoke(tmp_path, capsys, monkeypatch):
     """One arm, one step (the arm trains in its own process, as always)."""
     from data import synthetic
@@ -149,6 +154,7 @@ def test_ablate_smoke(tmp_path, capsys, monkeypatch):
     assert "| only |" in (tmp_path / "w" / "results.md").read_text()
 
 
+@pytest.mark.smoke("tests/test_glue_cli.py::test_all_tasks_give_results_and_a_full_submission")
 def test_glue_smoke(tmp_path, capsys, monkeypatch):
     """One task (RTE), one run of one epoch, from a random tiny model."""
     import flax.linen as nn
@@ -156,7 +162,7 @@ def test_glue_smoke(tmp_path, capsys, monkeypatch):
 
     from data import tokenizers
     from finetune import glue
-    from models import pretrained
+    from interop import bundle
     from models.encoder import EncoderConfig
     from models.pretraining import BertPretrainingModel, example_batch
     from tests import cli_run, jitted
@@ -171,7 +177,7 @@ def test_glue_smoke(tmp_path, capsys, monkeypatch):
     params = jitted.init(
         BertPretrainingModel(config), jax.random.key(0), example_batch(1, 8, 2), deterministic=True
     )
-    pretrained.save_pretrained(str(tmp_path / "model"), config, nn.meta.unbox(params["params"]), tokenizer)
+    bundle.save_pretrained(str(tmp_path / "model"), config, nn.meta.unbox(params["params"]), tokenizer)
     args = [f"--init_checkpoint={tmp_path / 'model'}", "--tasks=rte", f"--glue_dir={tmp_path / 'glue'}"]
     args += [f"--workdir={tmp_path / 'out'}", "--gin_bindings=Grid.learning_rates = (1e-3,)"]
     args += ["--gin_bindings=Grid.seeds = (0,)", "--gin_bindings=Grid.num_epochs = (1,)"]
@@ -215,3 +221,15 @@ def test_compare_needs_the_peer_venv(capsys):
     assert result.errors() == [
         "error: no peer virtualenv at /nonexistent/python: run `make bench-peer-venv` first"
     ]
+
+
+def test_each_smoke_test_names_a_slow_test_that_runs_the_tool_in_full():
+    """`make test` leaves the smoke tests out: what each names must exist and be slow (run)."""
+    smoke = [f for name, f in globals().items() if name.startswith("test_") and hasattr(f, "pytestmark")]
+    covered = [m.args[0] for f in smoke for m in f.pytestmark if m.name == "smoke"]
+    assert len(covered) == 3
+    for nodeid in covered:
+        path, name = nodeid.split("::")
+        module = importlib.import_module(path[: -len(".py")].replace("/", "."))
+        marks = [m.name for m in getattr(getattr(module, name), "pytestmark", [])]
+        assert "slow" in marks, nodeid

@@ -23,121 +23,13 @@ from safetensors.numpy import load_file
 
 from core import workdir as workdir_files
 from data import tokenizers
-from finetune.model import ClassifierModel
-from models import convert, encode, predict
-from models import pretrained as workdir_lib
-from models.pretraining import BertPretrainingModel
-from tests import jitted
+from interop import bundle, convert, encode, predict
+from interop.convert import cli as convert_cli
+from models.classifier import ClassifierModel
+from tests import hf_parity, jitted
 
 transformers.utils.logging.disable_progress_bar()  # keeps stderr to the CLI's own lines
 TOLERANCE = 1e-4  # max abs diff in float32 (issue 5); measured values are printed with -s
-WORDS = ["paris", "is", "the", "capital", "of", "france", ".", "berlin", "germany", "##s", "a", "city"]
-
-
-def _vocab(size: int) -> list[str]:
-    specials = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    return specials + WORDS + [f"w{i}" for i in range(size - len(specials) - len(WORDS))]
-
-
-def _bert_config(**overrides) -> transformers.BertConfig:
-    settings = dict(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        max_position_embeddings=40,
-        type_vocab_size=2,
-    )
-    return transformers.BertConfig(**{**settings, **overrides})
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every parameter random (HF initialises biases to 0 and LayerNorm to 1, which would hide
-    a swapped or transposed bias)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            p.copy_(1.0 + 0.1 * noise if "LayerNorm.weight" in name else 0.2 * noise)
-    return model.eval()
-
-
-def _save_hf(model: torch.nn.Module, directory: str) -> str:
-    model.save_pretrained(directory)
-    with open(os.path.join(directory, "vocab.txt"), "w") as f:
-        f.write("".join(t + "\n" for t in _vocab(model.config.vocab_size)))
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-        json.dump({"do_lower_case": True}, f)
-    return directory
-
-
-def _inputs() -> dict[str, np.ndarray]:
-    """Two rows: a padded single sentence and a full-length pair."""
-    ids = np.array([[3, 6, 7, 8, 20, 5, 4, 0, 0, 0], [3, 12, 13, 4, 14, 15, 16, 30, 40, 4]], np.int64)
-    mask = (ids != 0).astype(np.int64)
-    segments = np.array([[0] * 10, [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]], np.int64)
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
-
-
-def _hf_outputs(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Their last hidden state, pooled output (if there is a pooler), MLM and NSP/SOP logits (if heads)."""
-    tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
-    with torch.no_grad():
-        base = getattr(model, model.base_model_prefix, model)
-        encoded = base(**tensors)
-        result = {"last_hidden_state": encoded.last_hidden_state.numpy()}
-        if encoded.pooler_output is not None:
-            result["pooled_output"] = encoded.pooler_output.numpy()
-        if model is not base:
-            out = model(**tensors)
-            result["mlm_logits"] = (
-                out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
-            ).numpy()
-            for name in ("seq_relationship_logits", "sop_logits"):
-                if hasattr(out, name):
-                    result["sentence_logits"] = getattr(out, name).numpy()
-    return result
-
-
-def _our_outputs(pretrained: workdir_lib.Pretrained, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Our encoder outputs and, where the heads exist, MLM logits at every position and NSP logits."""
-    batch = {k: v.astype(np.int32) for k, v in inputs.items()}
-    out = encode.encode(pretrained, batch, batch_size=2)
-    result = {k: out[k] for k in ("last_hidden_state", "pooled_output") if k in out}
-    params = pretrained.params
-    if "mlm_head" in params:
-        sentence = "sentence_head" in params
-        config = dataclasses.replace(pretrained.config, pooler=encode.has_pooler(params))
-        model = BertPretrainingModel(config, sentence_head=sentence)
-        length = batch["input_ids"].shape[1]
-        logits = jitted.apply(
-            model,
-            {"params": params},
-            {
-                "input_ids": batch["input_ids"],
-                "input_mask": batch["attention_mask"],
-                "segment_ids": batch["token_type_ids"],
-                "masked_lm_positions": np.tile(np.arange(length, dtype=np.int32), (2, 1)),
-            },
-            deterministic=True,
-        )
-        result["mlm_logits"] = np.asarray(logits["mlm_logits"])
-        if sentence:
-            result["sentence_logits"] = np.asarray(logits["sentence_logits"])
-    return result
-
-
-def _max_diffs(ours: dict, theirs: dict, mask: np.ndarray | None = None) -> dict[str, float]:
-    """Max abs difference per output; with `mask` [B, L], per-token outputs only at real tokens."""
-    assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
-    diffs = {}
-    for key in sorted(ours):
-        diff = np.abs(ours[key] - theirs[key])
-        if mask is not None and diff.ndim == 3:
-            diff = diff[mask.astype(bool)]
-        diffs[key] = float(diff.max())
-    return diffs
 
 
 def _flat(params) -> dict:
@@ -148,20 +40,22 @@ def _flat(params) -> dict:
 def bert(tmp_path_factory):
     """A random BertForPreTraining saved by transformers, and its import."""
     root = tmp_path_factory.mktemp("bert")
-    model = _randomize(transformers.BertForPreTraining(_bert_config()), seed=0)
-    hf_dir = _save_hf(model, str(root / "hf"))
+    model = hf_parity.randomize(transformers.BertForPreTraining(hf_parity.bert_config()), seed=0)
+    hf_dir = hf_parity.save_hf(model, str(root / "hf"))
     workdir = str(root / "imported")
-    assert convert.main(["import", f"--from=hf:{hf_dir}", f"--workdir={workdir}"]) == 0
+    assert convert_cli.main(["import", f"--from=hf:{hf_dir}", f"--workdir={workdir}"]) == 0
     return model, hf_dir, workdir, root
 
 
 def test_bert_import_matches_transformers(bert):
     model, _, workdir, _ = bert
-    pretrained = workdir_lib.load_pretrained(workdir)
+    pretrained = bundle.load_pretrained(workdir)
     assert pretrained.config.num_layers == 2 and pretrained.config.hidden_act == "gelu"
     assert convert.present_groups(pretrained.params) == ["pooler", "mlm_head", "sentence_head"]
-    inputs = _inputs()
-    diffs = _max_diffs(_our_outputs(pretrained, inputs), _hf_outputs(model, inputs))
+    inputs = hf_parity.inputs()
+    diffs = hf_parity.max_diffs(
+        hf_parity.our_outputs(pretrained, inputs), hf_parity.hf_outputs(model, inputs)
+    )
     print("bert import max abs diff:", diffs)
     assert set(diffs) == {"last_hidden_state", "pooled_output", "mlm_logits", "sentence_logits"}
     assert max(diffs.values()) < TOLERANCE, diffs
@@ -170,16 +64,16 @@ def test_bert_import_matches_transformers(bert):
 def test_bert_export_loads_in_transformers_and_reimports_exactly(bert):
     model, _, workdir, root = bert
     out = str(root / "exported")
-    assert convert.main(["export", f"--workdir={workdir}", f"--to=hf:{out}"]) == 0
-    pretrained = workdir_lib.load_pretrained(workdir)
-    inputs = _inputs()
-    ours = _our_outputs(pretrained, inputs)
+    assert convert_cli.main(["export", f"--workdir={workdir}", f"--to=hf:{out}"]) == 0
+    pretrained = bundle.load_pretrained(workdir)
+    inputs = hf_parity.inputs()
+    ours = hf_parity.our_outputs(pretrained, inputs)
     loaded = transformers.BertForPreTraining.from_pretrained(out).eval()
-    diffs = _max_diffs(ours, _hf_outputs(loaded, inputs))
+    diffs = hf_parity.max_diffs(ours, hf_parity.hf_outputs(loaded, inputs))
     print("bert export -> BertForPreTraining max abs diff:", diffs)
     assert max(diffs.values()) < TOLERANCE, diffs
     bare = transformers.BertModel.from_pretrained(out).eval()
-    bare_out = _hf_outputs(bare, inputs)
+    bare_out = hf_parity.hf_outputs(bare, inputs)
     for key in ("last_hidden_state", "pooled_output"):
         assert np.abs(bare_out[key] - ours[key]).max() < TOLERANCE, key
     # transformers reads our tokenizer files and tokenizes as we do
@@ -188,8 +82,8 @@ def test_bert_export_loads_in_transformers_and_reimports_exactly(bert):
     assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == pretrained.tokenizer.encode(text)
     # import(export(x)) == x exactly
     again = str(root / "reimported")
-    assert convert.main(["import", f"--from=hf:{out}", f"--workdir={again}"]) == 0
-    reloaded = workdir_lib.load_pretrained(again)
+    assert convert_cli.main(["import", f"--from=hf:{out}", f"--workdir={again}"]) == 0
+    reloaded = bundle.load_pretrained(again)
     assert reloaded.config == pretrained.config
     assert reloaded.tokenizer.identity() == pretrained.tokenizer.identity()
     a, b = _flat(pretrained.params), _flat(reloaded.params)
@@ -202,25 +96,34 @@ def test_bert_export_loads_in_transformers_and_reimports_exactly(bert):
 def test_bert_import_without_pretraining_heads(bert, architecture):
     model, hf_dir, full_workdir, root = bert
     partial = getattr(transformers, architecture).from_pretrained(hf_dir).eval()
-    directory = _save_hf(partial, str(root / f"hf_{architecture}"))
+    directory = hf_parity.save_hf(partial, str(root / f"hf_{architecture}"))
     workdir = str(root / f"imported_{architecture}")
-    imported = convert.run_import(f"hf:{directory}", workdir)
+    imported = convert_cli.run_import(f"hf:{directory}", workdir)
     expected = {"BertModel": ["pooler"], "BertForMaskedLM": ["mlm_head"]}[architecture]
     assert imported.groups == expected
-    pretrained = workdir_lib.load_pretrained(workdir)
+    pretrained = bundle.load_pretrained(workdir)
     assert convert.present_groups(pretrained.params) == expected
-    full = _flat(workdir_lib.load_pretrained(full_workdir).params)
+    full = _flat(bundle.load_pretrained(full_workdir).params)
     for key, value in _flat(pretrained.params).items():
         np.testing.assert_array_equal(value, full[key], err_msg="/".join(key))
-    inputs = _inputs()
-    diffs = _max_diffs(_our_outputs(pretrained, inputs), _hf_outputs(partial, inputs))
+    inputs = hf_parity.inputs()
+    diffs = hf_parity.max_diffs(
+        hf_parity.our_outputs(pretrained, inputs), hf_parity.hf_outputs(partial, inputs)
+    )
     print(f"{architecture} import max abs diff:", diffs)
     assert max(diffs.values()) < TOLERANCE, diffs
     # the export names the class that has exactly these parts, and transformers loads it
     out = str(root / f"exported_{architecture}")
     assert convert.export_hf(workdir, out) == architecture
     loaded = getattr(transformers, architecture).from_pretrained(out).eval()
-    assert max(_max_diffs(_our_outputs(pretrained, inputs), _hf_outputs(loaded, inputs)).values()) < TOLERANCE
+    assert (
+        max(
+            hf_parity.max_diffs(
+                hf_parity.our_outputs(pretrained, inputs), hf_parity.hf_outputs(loaded, inputs)
+            ).values()
+        )
+        < TOLERANCE
+    )
 
 
 def _write_tf1_checkpoint(model: torch.nn.Module, directory: str, num_layers: int) -> None:
@@ -285,7 +188,7 @@ def _write_tf1_checkpoint(model: torch.nn.Module, directory: str, num_layers: in
             f,
         )
     with open(os.path.join(directory, "vocab.txt"), "w") as f:
-        f.write("".join(t + "\n" for t in _vocab(config.vocab_size)))
+        f.write("".join(t + "\n" for t in hf_parity.vocab(config.vocab_size)))
 
 
 def test_sharded_safetensors_and_torch_bin_read_the_same(bert, tmp_path):
@@ -340,32 +243,23 @@ def test_tf1_checkpoint_imports_to_the_same_values(bert):
     directory = str(root / "tf1")
     _write_tf1_checkpoint(model, directory, num_layers=2)
     workdir = str(root / "imported_tf")
-    assert convert.main(["import", f"--from=tf:{directory}", f"--workdir={workdir}"]) == 0
-    from_tf = workdir_lib.load_pretrained(workdir)
+    assert convert_cli.main(["import", f"--from=tf:{directory}", f"--workdir={workdir}"]) == 0
+    from_tf = bundle.load_pretrained(workdir)
     # BERT's released checkpoints were trained with the exact erf GELU (as HF's "gelu").
     assert from_tf.config.hidden_act == "gelu"
-    expected = _flat(workdir_lib.load_pretrained(hf_workdir).params)
+    expected = _flat(bundle.load_pretrained(hf_workdir).params)
     got = _flat(from_tf.params)
     assert got.keys() == expected.keys()
     for key in got:
         np.testing.assert_array_equal(got[key], expected[key], err_msg="/".join(key))
 
 
-def _encode_lines(workdir, tmp_path, text: str) -> dict[str, np.ndarray]:
-    """`models.encode` of `text` (one sentence or A<TAB>B per line): the npz's arrays."""
-    lines = tmp_path / "lines.txt"
-    lines.write_text(text)
-    out = tmp_path / "features.npz"
-    assert encode.main([f"--workdir={workdir}", f"--input={lines}", f"--output={out}"]) == 0
-    return dict(np.load(out))
-
-
 def test_encode_cli_writes_transformers_outputs(bert, tmp_path):
     model, _, workdir, _ = bert
-    features = _encode_lines(
+    features = hf_parity.encode_lines(
         workdir, tmp_path, "paris is the capital of france .\nberlin is a city\tthe capital of germany .\n"
     )
-    tokenizer = workdir_lib.load_pretrained(workdir).tokenizer
+    tokenizer = bundle.load_pretrained(workdir).tokenizer
     first = [tokenizer.cls_id, *tokenizer.encode("paris is the capital of france ."), tokenizer.sep_id]
     assert features["input_ids"][0, : len(first)].tolist() == first
     assert features["token_type_ids"][1].max() == 1 and features["token_type_ids"][0].max() == 0
@@ -378,7 +272,7 @@ def test_encode_cli_writes_transformers_outputs(bert, tmp_path):
 
 
 def test_encode_inputs_bert_pair_format(bert):
-    tokenizer = workdir_lib.load_pretrained(bert[2]).tokenizer
+    tokenizer = bundle.load_pretrained(bert[2]).tokenizer
     a, b = tokenizer.encode("paris is"), tokenizer.encode("a city")
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     bert_inputs = encode.build_inputs(tokenizer, ["paris is\ta city"], 16)
@@ -391,7 +285,7 @@ def test_encode_inputs_bert_pair_format(bert):
 
 def test_predict_agrees_with_transformers(bert, capsys):
     model, _, workdir, _ = bert
-    pretrained = workdir_lib.load_pretrained(workdir)
+    pretrained = bundle.load_pretrained(workdir)
     text = "paris is the [MASK] of [MASK] ."
     [masks] = predict.fill_mask(pretrained, [text], top_k=3)
     ids = predict.masked_inputs(pretrained.tokenizer, text, 40)
@@ -411,7 +305,7 @@ def test_predict_agrees_with_transformers(bert, capsys):
 # --- bad input: one `error:` line, exit status 2 ------------------------------------------
 
 
-def _error(capsys, argv, main=convert.main) -> str:
+def _error(capsys, argv, main=convert_cli.main) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
@@ -438,7 +332,7 @@ def test_vocab_mismatch(bert, tmp_path, capsys):
     directory.mkdir()
     for name in ("config.json", "model.safetensors"):
         (directory / name).write_bytes(open(os.path.join(hf_dir, name), "rb").read())
-    (directory / "vocab.txt").write_text("".join(t + "\n" for t in _vocab(60)))
+    (directory / "vocab.txt").write_text("".join(t + "\n" for t in hf_parity.vocab(60)))
     err = _error(capsys, ["import", f"--from=hf:{directory}", f"--workdir={tmp_path / 'w'}"])
     assert "vocab_size=64 but the tokenizer has 60 tokens" in err
     assert not (tmp_path / "w").exists()
@@ -481,18 +375,18 @@ def test_predict_without_mask_and_without_head(bert, capsys):
     headless = root / "imported_BertModel"
     if not headless.exists():  # the without-heads test made it; build it when run alone
         model = transformers.BertModel.from_pretrained(bert[1]).eval()
-        convert.run_import(f"hf:{_save_hf(model, str(root / 'hf_BertModel'))}", str(headless))
+        convert_cli.run_import(f"hf:{hf_parity.save_hf(model, str(root / 'hf_BertModel'))}", str(headless))
     err = _error(capsys, [f"--workdir={headless}", "--text=the [MASK]"], main=predict.main)
     assert "no MLM head" in err
 
 
 def test_cli_entry_point_prints_one_error_line(tmp_path):
-    """The real command line: `python -m models.convert import ...` exits 2 with one line."""
+    """The real command line: `python -m interop.convert import ...` exits 2 with one line."""
     result = subprocess.run(
         [
             sys.executable,
             "-m",
-            "models.convert",
+            "interop.convert",
             "import",
             f"--from=tf:{tmp_path}",
             f"--workdir={tmp_path}/w",
@@ -504,7 +398,7 @@ def test_cli_entry_point_prints_one_error_line(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: tf:{tmp_path}: no bert_config.json or albert_config.json: pass the folder of a "
+        f"error: tf:{tmp_path}: no albert_config.json or bert_config.json: pass the folder of a "
         "google-research/bert or /albert checkpoint"
     )
 
@@ -512,22 +406,24 @@ def test_cli_entry_point_prints_one_error_line(tmp_path):
 def test_mapping_table_covers_every_parameter():
     """Every array of each family's PretrainingModel has exactly one HF (and TF) name."""
     cases = [
-        (convert.BERT, _bert_config(), ("hf", "tf")),
-        (convert.ROBERTA, _roberta_config(), ("hf",)),
-        (convert.ALBERT, _albert_config(), ("hf", "tf")),
+        (convert.FORMATS["bert"], hf_parity.bert_config(), ("hf", "tf")),
+        (convert.FORMATS["roberta"], _roberta_config(), ("hf",)),
+        (convert.FORMATS["albert"], _albert_config(), ("hf", "tf")),
     ]
     for fmt, hf_config, frameworks in cases:
         config = convert.hf_config_to_ours(hf_config.to_dict(), "test")[1]
-        ours = set(convert.our_shapes(config))
+        ours = set(fmt.our_shapes(config))
         for framework in frameworks:
-            spec = convert.expand(fmt, framework, config.num_layers, hf_base=fmt.hf_base)
+            spec = fmt.expand(framework, config.num_layers, hf_base=fmt.hf_base)
             # RoBERTa has no sentence head in HF: ours is the one array left without a name.
-            expected = {k for k in ours if not (fmt is convert.ROBERTA and k[0] == "sentence_head")}
+            expected = {
+                k for k in ours if not (fmt is convert.FORMATS["roberta"] and k[0] == "sentence_head")
+            }
             assert sorted(p.ours for p in spec) == sorted(expected), fmt.model_type
             assert len({p.theirs for p in spec}) == len(spec)
 
 
-# --- RoBERTa and ALBERT: weights (their tokenizers need backends data/tokenizers.py lacks) ------
+# --- RoBERTa and ALBERT: weights (their tokenizers need backends data/tokenizers/ lacks) ------
 
 
 def _roberta_config(**overrides) -> transformers.RobertaConfig:
@@ -562,7 +458,7 @@ def _albert_config() -> transformers.AlbertConfig:
 
 
 def _family_inputs(model_type: str) -> dict[str, np.ndarray]:
-    inputs = _inputs()
+    inputs = hf_parity.inputs()
     if model_type == "roberta":  # pad id 1, no segment B
         inputs["input_ids"] = np.where(inputs["attention_mask"] == 1, inputs["input_ids"], 1)
         inputs["token_type_ids"] = np.zeros_like(inputs["token_type_ids"])
@@ -580,7 +476,7 @@ FAMILIES = {
 )
 def test_family_weights_match_transformers_and_round_trip(model_type, architecture, tmp_path):
     make_config, _ = FAMILIES[model_type]
-    model = _randomize(getattr(transformers, architecture)(make_config()), seed=1)
+    model = hf_parity.randomize(getattr(transformers, architecture)(make_config()), seed=1)
     model.save_pretrained(str(tmp_path / "hf"))
     fmt, config, params, groups = convert.read_hf_model(str(tmp_path / "hf"))
     assert fmt.model_type == model_type and fmt.hf_architecture(set(groups)) == architecture
@@ -588,11 +484,15 @@ def test_family_weights_match_transformers_and_round_trip(model_type, architectu
         assert config.position_offset == 2 and config.type_vocab_size == 1 and config.layer_norm_eps == 1e-5
     else:
         assert config.sharing == "all" and config.embedding_size == 16 and config.hidden_act == "gelu_tanh"
-    pretrained = workdir_lib.Pretrained(config=config, params=params, tokenizer=None, step=0)
+    pretrained = bundle.Pretrained(config=config, params=params, tokenizer=None, step=0)
     inputs = _family_inputs(model_type)
     # RoBERTa gives pad tokens position padding_idx, we count on: compare at real tokens
     # (what any user of the outputs reads; pad keys are masked in both).
-    diffs = _max_diffs(_our_outputs(pretrained, inputs), _hf_outputs(model, inputs), inputs["attention_mask"])
+    diffs = hf_parity.max_diffs(
+        hf_parity.our_outputs(pretrained, inputs),
+        hf_parity.hf_outputs(model, inputs),
+        inputs["attention_mask"],
+    )
     print(f"{architecture} import max abs diff:", diffs)
     assert max(diffs.values()) < TOLERANCE, diffs
     # export: transformers loads it as the same class and gives the same outputs
@@ -602,15 +502,20 @@ def test_family_weights_match_transformers_and_round_trip(model_type, architectu
         == architecture
     )
     loaded = getattr(transformers, architecture).from_pretrained(out).eval()
-    diffs = _max_diffs(
-        _our_outputs(pretrained, inputs), _hf_outputs(loaded, inputs), inputs["attention_mask"]
+    diffs = hf_parity.max_diffs(
+        hf_parity.our_outputs(pretrained, inputs),
+        hf_parity.hf_outputs(loaded, inputs),
+        inputs["attention_mask"],
     )
     print(f"{architecture} export max abs diff:", diffs)
     assert max(diffs.values()) < TOLERANCE, diffs
     bare = transformers.AutoModel.from_pretrained(out).eval()  # RobertaModel / AlbertModel
-    bare_state = _hf_outputs(bare, inputs)["last_hidden_state"]
+    bare_state = hf_parity.hf_outputs(bare, inputs)["last_hidden_state"]
     real = inputs["attention_mask"].astype(bool)
-    assert np.abs(bare_state - _our_outputs(pretrained, inputs)["last_hidden_state"])[real].max() < TOLERANCE
+    assert (
+        np.abs(bare_state - hf_parity.our_outputs(pretrained, inputs)["last_hidden_state"])[real].max()
+        < TOLERANCE
+    )
     # import(export(x)) == x exactly
     _, config_again, params_again, groups_again = convert.read_hf_model(out)
     assert config_again == config and groups_again == groups
@@ -624,7 +529,9 @@ def test_roberta_classification_head_matches_transformers(tmp_path):
     """A RoBERTa import fine-tunes with fairseq's head (dropout, dense, tanh, dropout,
     out_proj on <s>), not BERT's pooler: with the weights of a random
     RobertaForSequenceClassification our ClassifierModel gives its logits."""
-    model = _randomize(transformers.RobertaForSequenceClassification(_roberta_config(num_labels=3)), seed=4)
+    model = hf_parity.randomize(
+        transformers.RobertaForSequenceClassification(_roberta_config(num_labels=3)), seed=4
+    )
     model.save_pretrained(str(tmp_path / "hf"))
     _, config, params, groups = convert.read_hf_model(str(tmp_path / "hf"))
     assert config.classifier_head == "roberta" and not config.pooler and "pooler" not in groups
@@ -718,11 +625,11 @@ def _write_albert_tf1_checkpoint(model: torch.nn.Module, directory: str, prefix:
 
 @pytest.mark.parametrize("prefix", ["", "module/"])
 def test_albert_tf1_checkpoint_imports_to_the_same_values(tmp_path, prefix):
-    model = _randomize(transformers.AlbertForPreTraining(_albert_config()), seed=2)
+    model = hf_parity.randomize(transformers.AlbertForPreTraining(_albert_config()), seed=2)
     model.save_pretrained(str(tmp_path / "hf"))
     _write_albert_tf1_checkpoint(model, str(tmp_path / "tf1"), prefix)
     fmt, config, params, groups = convert.read_tf_model(str(tmp_path / "tf1"))
-    assert fmt is convert.ALBERT and groups == ["pooler", "mlm_head", "sentence_head"]
+    assert fmt is convert.FORMATS["albert"] and groups == ["pooler", "mlm_head", "sentence_head"]
     _, hf_config, expected, _ = convert.read_hf_model(str(tmp_path / "hf"))
     assert config == hf_config  # both gelu_tanh: ALBERT's TF "gelu" and HF's "gelu_new"
     got, expected = _flat(params), _flat(expected)
@@ -751,13 +658,13 @@ def test_family_cli_import_encode_export(model_type, tmp_path, capsys):
         hf_config = _albert_config()
         hf_config.vocab_size, hf_config.pad_token_id = tokenizer.vocab_size, tokenizer.pad_id
         architecture = "AlbertForPreTraining"
-    model = _randomize(getattr(transformers, architecture)(hf_config), seed=3)
+    model = hf_parity.randomize(getattr(transformers, architecture)(hf_config), seed=3)
     hf_dir = tmp_path / "hf"
     model.save_pretrained(str(hf_dir))
     tokenizer.save(str(hf_dir))
     workdir = tmp_path / "w"
-    assert convert.main(["import", f"--from=hf:{hf_dir}", f"--workdir={workdir}"]) == 0
-    pretrained = workdir_lib.load_pretrained(str(workdir))
+    assert convert_cli.main(["import", f"--from=hf:{hf_dir}", f"--workdir={workdir}"]) == 0
+    pretrained = bundle.load_pretrained(str(workdir))
     assert pretrained.tokenizer.identity() == tokenizer.identity()
     lines = tmp_path / "lines.txt"
     lines.write_text("Paris is the capital.\nThe city is old.\tA river runs.\n")
@@ -769,14 +676,16 @@ def test_family_cli_import_encode_export(model_type, tmp_path, capsys):
         row = features["input_ids"][1][features["attention_mask"][1] == 1].tolist()
         assert [sep, sep] == row[row.index(sep) : row.index(sep) + 2] and not features["token_type_ids"].any()
     inputs = {k: features[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
-    theirs = _hf_outputs(model, inputs)
+    theirs = hf_parity.hf_outputs(model, inputs)
     real = inputs["attention_mask"].astype(bool)
     assert np.abs(features["last_hidden_state"] - theirs["last_hidden_state"])[real].max() < TOLERANCE
     exported = tmp_path / "exported"
-    assert convert.main(["export", f"--workdir={workdir}", f"--to=hf:{exported}"]) == 0
+    assert convert_cli.main(["export", f"--workdir={workdir}", f"--to=hf:{exported}"]) == 0
     loaded = getattr(transformers, architecture).from_pretrained(str(exported)).eval()
-    diffs = _max_diffs(
-        _our_outputs(pretrained, inputs), _hf_outputs(loaded, inputs), inputs["attention_mask"]
+    diffs = hf_parity.max_diffs(
+        hf_parity.our_outputs(pretrained, inputs),
+        hf_parity.hf_outputs(loaded, inputs),
+        inputs["attention_mask"],
     )
     assert max(diffs.values()) < TOLERANCE, diffs
     assert tokenizers.load_tokenizer(str(exported)).identity() == tokenizer.identity()
@@ -800,7 +709,7 @@ def _shards_for(tokenizer_dir: str, directory) -> str:
     from data import preprocess
 
     rng = np.random.default_rng(0)
-    words = [w for w in WORDS if not w.startswith("##") and w != "."]
+    words = [w for w in hf_parity.WORDS if not w.startswith("##") and w != "."]
     documents = [
         "\n".join(" ".join(rng.choice(words, size=rng.integers(3, 8))) + " ." for _ in range(6))
         for _ in range(40)
@@ -824,18 +733,18 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     from data.pipeline import PipelineConfig
     from pretrain import trainer
 
-    model = _randomize(transformers.BertModel(_bert_config()), seed=5)
+    model = hf_parity.randomize(transformers.BertModel(hf_parity.bert_config()), seed=5)
     imported = str(tmp_path / "imported")
     assert (
-        convert.main(
-            ["import", f"--from=hf:{_save_hf(model, str(tmp_path / 'hf'))}", f"--workdir={imported}"]
+        convert_cli.main(
+            ["import", f"--from=hf:{hf_parity.save_hf(model, str(tmp_path / 'hf'))}", f"--workdir={imported}"]
         )
         == 0
     )
     data_dir = _shards_for(os.path.join(imported, "tokenizer"), tmp_path)
-    args = dict(
+    settings = trainer.RunSettings(
         data_dir=data_dir,
-        model_config=workdir_lib.load_model_config(imported),
+        model_config=bundle.load_model_config(imported),
         pipeline_config=PipelineConfig(
             max_seq_length=32, document_shuffle_buffer=10, instance_shuffle_buffer=10
         ),
@@ -845,7 +754,7 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
         eval_batches=1,
         init_from=imported,
     )
-    trainer.run(str(tmp_path / "continued"), **args)
+    trainer.run(str(tmp_path / "continued"), settings)
     source, _ = workdir_files.load_params(imported)
     continued, step = workdir_files.load_params(str(tmp_path / "continued"))
     assert step == 1
@@ -858,8 +767,8 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
 
     # The recipes pad the vocab (vocab_pad_multiple): the 64-entry import fills the first 64
     # of 128 rows, and the export drops the padding again, giving the unpadded run's files.
-    padded_config = dataclasses.replace(args["model_config"], vocab_pad_multiple=128)
-    trainer.run(str(tmp_path / "padded"), **{**args, "model_config": padded_config})
+    padded_config = dataclasses.replace(settings.model_config, vocab_pad_multiple=128)
+    trainer.run(str(tmp_path / "padded"), dataclasses.replace(settings, model_config=padded_config))
     padded, _ = workdir_files.load_params(str(tmp_path / "padded"))
     padded = _flat(padded)
     table = ("encoder", "embeddings", "word_embeddings", "embedding")
@@ -868,7 +777,7 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     exported = {}
     for name in ("continued", "padded"):
         out = str(tmp_path / f"{name}_hf")
-        assert convert.main(["export", f"--workdir={tmp_path / name}", f"--to=hf:{out}"]) == 0
+        assert convert_cli.main(["export", f"--workdir={tmp_path / name}", f"--to=hf:{out}"]) == 0
         exported[name] = load_file(os.path.join(out, "model.safetensors"))
     assert exported["padded"].keys() == exported["continued"].keys()
     for key, value in exported["continued"].items():
@@ -877,9 +786,9 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     other = tokenizers.WordPieceTokenizer.from_vocab_file  # a different vocab: the test words reversed
     other_dir = tmp_path / "other_tokenizer"
     other_dir.mkdir()
-    vocab = _vocab(model.config.vocab_size)
+    vocab = hf_parity.vocab(model.config.vocab_size)
     (other_dir / "vocab.txt").write_text("".join(t + "\n" for t in vocab[:6] + vocab[6:][::-1]))
     other(str(other_dir / "vocab.txt")).save(str(other_dir))
     other_data = _shards_for(str(other_dir), tmp_path / "other")
     with pytest.raises(workdir_files.WorkdirError, match="has another tokenizer than the shards"):
-        trainer.run(str(tmp_path / "refused"), **{**args, "data_dir": other_data})
+        trainer.run(str(tmp_path / "refused"), dataclasses.replace(settings, data_dir=other_data))

@@ -17,10 +17,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from core import sharding
 from core.errors import ConfigError
 from core.state import count_params
-from data import synthetic
 from data.pipeline import PipelineConfig
 from models.backbone import encoder_module
 from models.deberta import DebertaEncoder, disentangled_scores
@@ -30,8 +28,7 @@ from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
 from pretrain import step
 from pretrain.objectives import DebertaMLM, DebertaRTD, ElectraRTD, MaskedLM
-from tests import objective_runs, test_sharding
-from tests.test_train import data_dir  # noqa: F401  (test_train's synthetic shards)
+from tests import jitted, mesh_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # v2 with 8 buckets reaching 32: relative positions beyond +-4 are bucketed at L = 24. The
@@ -158,7 +155,9 @@ class _Jitted:
 def _encoder(config, seed=0):
     ids, mask = _inputs([4])
     module = DebertaEncoder(config)
-    params = module.init(jax.random.key(seed), ids, mask, ids, deterministic=True, emd_positions=ids[:, :2])
+    params = jitted.init(
+        module, jax.random.key(seed), ids, mask, ids, deterministic=True, emd_positions=ids[:, :2]
+    )
     return _Jitted(module), _randomized(params["params"], seed)
 
 
@@ -387,7 +386,7 @@ def test_gdes_gradients():
     effective table's (fold_gdes gives the table the discriminator uses)."""
     objective = DebertaRTD(RTD_CONFIG, RTD_DATA)
     assert objective.generator_config.num_layers == 2 and objective.mask_token_prob == 1.0
-    params = _randomized(objective.init(jax.random.key(0)), 0)
+    params = _randomized(jax.jit(objective.init)(jax.random.key(0)), 0)
     batch = _rtd_rows(8)
     keys = step.stream_keys(jax.random.key(1), DebertaRTD.rng_streams)
     out = jax.jit(lambda p: objective.forward(p, batch, keys, train=False))(params)
@@ -443,7 +442,7 @@ def test_gdes_gradients():
 
 def test_loss_is_mlm_plus_ten_times_rtd():
     objective = DebertaRTD(RTD_CONFIG, RTD_DATA)
-    params = objective.init(jax.random.key(0))
+    params = jax.jit(objective.init)(jax.random.key(0))
     batch = _rtd_rows(8)
     keys = step.stream_keys(jax.random.key(1), DebertaRTD.rng_streams)
     loss, sums = jax.jit(lambda p: objective.loss(p, batch, keys, objective.normalizers(batch), train=False))(
@@ -456,7 +455,7 @@ def test_loss_is_mlm_plus_ten_times_rtd():
 
 def test_objectives_need_a_deberta_encoder():
     with pytest.raises(ConfigError, match="DebertaMLM trains a DeBERTa encoder"):
-        DebertaMLM(test_sharding.TINY, PipelineConfig(max_seq_length=L))
+        DebertaMLM(mesh_training.SHARDABLE, PipelineConfig(max_seq_length=L))
     with pytest.raises(ConfigError, match="not implemented for DeBERTa"):
         dataclasses.replace(V2, scan_layers=True)
     with pytest.raises(ConfigError, match="generator_layers must be >= 1"):
@@ -480,12 +479,7 @@ def test_objectives_need_a_deberta_encoder():
 
 # --- training: meshes, microbatches, resume ---------------------------------------------------
 
-MLM_BATCHES = [{**b, "input_ids": b["input_ids"] % V2.vocab_size} for b in test_sharding._batches(2)]
-
-
-def _train(mesh, batches, objective, microbatches=1):
-    state, losses = test_sharding._train(mesh, batches, microbatches=microbatches, objective=objective)
-    return jax.device_get(state.params), losses
+MLM_BATCHES = [{**b, "input_ids": b["input_ids"] % V2.vocab_size} for b in mesh_training.mlm_batches(2)]
 
 
 @pytest.mark.slow(60)
@@ -497,19 +491,9 @@ def test_microbatched_and_sharded_steps_equal_the_single_device_step(family):
             del b["row_index"]
     else:
         config = V1 if family == "mlm_v1" else V2
-        data = PipelineConfig(max_seq_length=test_sharding.L, max_predictions_per_seq=test_sharding.P)
+        data = PipelineConfig(max_seq_length=mesh_training.L, max_predictions_per_seq=mesh_training.P)
         make, batches = (lambda: DebertaMLM(config, data)), MLM_BATCHES
-    params, losses = _train(sharding.make_mesh(None, jax.devices()[:1]), batches, make())
-    # v1 differs from v2 in its projections only: one mesh for it.
-    layouts = (
-        (("data:2,fsdp:2,tensor:2", 1),)
-        if family == "mlm_v1"
-        else (("data:2,fsdp:2,tensor:2", 1), ("data:4,fsdp:2", 4))
-    )
-    for spec, micro in layouts:
-        other, other_losses = _train(sharding.make_mesh(spec), batches, make(), microbatches=micro)
-        np.testing.assert_allclose(other_losses, losses, rtol=1e-5, err_msg=spec)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), other, params)
+    mesh_training.assert_layouts_equal_one_device(make, batches)
 
 
 def test_emd_changes_the_mlm_model():
@@ -518,37 +502,6 @@ def test_emd_changes_the_mlm_model():
     with_emd = traverse_util.flatten_dict(jax.eval_shape(DebertaMLM(V2, data).init, jax.random.key(0)))
     plain = traverse_util.flatten_dict(jax.eval_shape(MaskedLM(V2, data).init, jax.random.key(0)))
     assert set(with_emd) - set(plain) == {("encoder", "embeddings", "position_embeddings", "embedding")}
-
-
-def _run(workdir, data_dir, steps):  # noqa: F811  (the argument, not the fixture)
-    config = dataclasses.replace(  # two layers (the generator: one)
-        V2, vocab_size=synthetic.VOCAB_SIZE, dropout_rate=0.1, attention_dropout_rate=0.1
-    )
-    data = dataclasses.replace(
-        RTD_DATA, max_seq_length=32, document_shuffle_buffer=20, instance_shuffle_buffer=50
-    )
-    return objective_runs.run(
-        workdir,
-        data_dir,
-        steps,
-        objective=DebertaRTD,
-        model_config=config,
-        pipeline_config=data,
-        batch_size=16,
-    )
-
-
-@pytest.mark.slow(70)
-def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):  # noqa: F811
-    """DeBERTa-v3's RTD (its masking and sampling streams, GDES, the DeBERTa encoder); DeBERTa's
-    MLM resumes through MaskedLM's machinery, tested for BERT (tests/test_train.py)."""
-    full = _run(tmp_path / "full", data_dir, 10)
-    assert full["objective"] == "DebertaRTD"
-    first = _run(tmp_path / "split", data_dir, 6)
-    assert first["params_sha256"] != full["params_sha256"]
-    resumed = _run(tmp_path / "split", data_dir, 10)
-    assert resumed["resumed_from"] == 6
-    assert resumed["params_sha256"] == full["params_sha256"]
 
 
 def test_flops_add_the_relative_terms_and_the_decoder_to_berts():
@@ -589,13 +542,13 @@ def test_gdes_matches_a_pytorch_transcription_of_the_original():
     generator, discriminator = DebertaEmbeddings(config), DebertaEmbeddings(config)
     call = dict(deterministic=True, with_positions=False)
     g_params = _randomized(
-        generator.init(jax.random.key(0), ids_g, mask, ids_g, positions, **call)["params"], 0
+        jitted.init(generator, jax.random.key(0), ids_g, mask, ids_g, positions, **call)["params"], 0
     )
     table = g_params["word_embeddings"]["embedding"]
     d_params = _randomized(
-        discriminator.init(jax.random.key(1), ids_d, mask, ids_d, positions, shared_word_table=table, **call)[
-            "params"
-        ],
+        jitted.init(
+            discriminator, jax.random.key(1), ids_d, mask, ids_d, positions, shared_word_table=table, **call
+        )["params"],
         1,
     )
     assert set(d_params) == {"word_embeddings_delta", "layer_norm"}
@@ -608,7 +561,7 @@ def test_gdes_matches_a_pytorch_transcription_of_the_original():
         )[0]
         return jnp.sum(x_g * w_g) + 10.0 * jnp.sum(x_d * w_d)
 
-    loss, (grad_g, grad_d) = jax.value_and_grad(ours, argnums=(0, 1))(g_params, d_params)
+    loss, (grad_g, grad_d) = jax.jit(jax.value_and_grad(ours, argnums=(0, 1)))(g_params, d_params)
 
     t = {
         k: torch.tensor(np.asarray(v), requires_grad=True)
@@ -649,7 +602,9 @@ def test_remat_leaves_the_tree_and_the_outputs_unchanged():
         model = BertPretrainingModel(
             dataclasses.replace(V2, remat_policy=policy), sentence_head=False, enhanced_mask_decoder=True
         )
-        params = flax.linen.meta.unbox(model.init(jax.random.key(0), batch, deterministic=True)["params"])
+        params = flax.linen.meta.unbox(
+            jitted.init(model, jax.random.key(0), batch, deterministic=True)["params"]
+        )
         loss = jax.jit(
             jax.value_and_grad(
                 lambda p, model=model: jnp.sum(

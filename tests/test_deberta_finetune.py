@@ -16,9 +16,9 @@ import pytest
 from data import tokenizers
 from data.pipeline import PipelineConfig
 from finetune import demo_task, glue
-from finetune.model import ClassifierModel
 from finetune.tasks import TASKS, read_glue_dir
-from models import pretrained as pretrained_lib
+from interop import bundle
+from models.classifier import ClassifierModel
 from models.deberta_rtd import fold_gdes
 from models.disentangled import DisentangledConfig
 from models.encoder import EncoderConfig
@@ -53,20 +53,17 @@ def test_deberta_head_is_dense_gelu_then_classifier_on_the_first_token():
     params = nn.meta.unbox(jitted.init(model, jax.random.key(0), batch, deterministic=True)["params"])
     assert set(params) == {"encoder", "classifier_dense", "classifier"}
     assert "position_embeddings" not in params["encoder"]["embeddings"]
-    logits = model.apply({"params": params}, batch, deterministic=True)
+    logits = jitted.apply(model, {"params": params}, batch, deterministic=True)
     from models.backbone import encoder_module
 
-    first = (
-        encoder_module(CONFIG)
-        .apply(
-            {"params": params["encoder"]},
-            batch["input_ids"],
-            batch["input_mask"],
-            batch["segment_ids"],
-            deterministic=True,
-        )
-        .sequence_output[:, 0]
-    )
+    first = jitted.apply(
+        encoder_module(CONFIG),
+        {"params": params["encoder"]},
+        batch["input_ids"],
+        batch["input_mask"],
+        batch["segment_ids"],
+        deterministic=True,
+    ).sequence_output[:, 0]
     dense = params["classifier_dense"]
     hidden = jax.nn.gelu(first @ dense["kernel"] + dense["bias"], approximate=False)
     expected = hidden @ params["classifier"]["kernel"] + params["classifier"]["bias"]
@@ -74,7 +71,7 @@ def test_deberta_head_is_dense_gelu_then_classifier_on_the_first_token():
 
 
 def _pretraining_tree(objective) -> dict:
-    return jax.device_get(nn.meta.unbox(objective.init(jax.random.key(0))))
+    return jax.device_get(nn.meta.unbox(jax.jit(objective.init)(jax.random.key(0))))
 
 
 def _glue_on_the_demo_task(workdir, glue_dir, out, capsys):
@@ -113,7 +110,7 @@ def test_fine_tuning_leaves_out_the_decoders_position_table():
     fresh = nn.meta.unbox(jitted.init(model, jax.random.key(0), batch, deterministic=True)["params"])
     mesh = sharding.make_mesh(None, jax.devices()[:1])
     shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), fresh)
-    loaded = load_encoder(fresh, tree, shardings)
+    loaded = load_encoder(config, fresh, tree, shardings)
     assert "position_embeddings" not in loaded["encoder"]["embeddings"]
     np.testing.assert_array_equal(
         loaded["encoder"]["layer_0"]["attention"]["query"]["kernel"],
@@ -135,8 +132,8 @@ def test_glue_on_the_demo_task_from_a_deberta_v3_workdir(tmp_path, capsys):
     delta = tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"]
     tree["encoder"]["embeddings"]["word_embeddings_delta"]["embedding"] = delta + 0.5
     workdir = str(tmp_path / "deberta")
-    pretrained_lib.save_pretrained(workdir, config, tree, tokenizer, step=5)
-    loaded = pretrained_lib.load_pretrained(workdir)
+    bundle.save_pretrained(workdir, config, tree, tokenizer, step=5)
+    loaded = bundle.load_pretrained(workdir)
     np.testing.assert_array_equal(
         loaded.params["encoder"]["embeddings"]["word_embeddings"]["embedding"],
         fold_gdes(tree)["encoder"]["embeddings"]["word_embeddings"]["embedding"],
@@ -148,17 +145,18 @@ def test_glue_on_the_demo_task_from_a_deberta_v3_workdir(tmp_path, capsys):
 def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
     """A transformers DebertaV2ForMaskedLM folder laid out as the published DeBERTa-v3 ones
     (an spm.model with [MASK] appended, more embedding rows than tokens, legacy=False head)
-    -> `models.convert import` -> `finetune.glue` on the demo task through the ContextPooler
+    -> `interop.convert import` -> `finetune.glue` on the demo task through the ContextPooler
     head; the imported workdir's config is DeBERTa-v3's."""
     import torch
     import transformers
 
-    from models import convert
-    from tests.test_deberta_tokenizer import _train_spm
+    from interop import convert
+    from interop.convert import cli as convert_cli
+    from tests import spm_files
 
     spm_dir = tmp_path / "hf"
     spm_dir.mkdir()
-    (spm_dir / "spm.model").write_bytes(_train_spm(vocab_size=400))
+    (spm_dir / "spm.model").write_bytes(spm_files.train_spm(vocab_size=400))
     tokenizer = tokenizers.load_tokenizer(str(spm_dir / "spm.model"))
     assert tokenizer.vocab_size == 401 and tokenizer.mask_id == 400
     torch.manual_seed(0)
@@ -186,8 +184,8 @@ def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
     model.save_pretrained(str(spm_dir))
     convert.write_hf_tokenizer(tokenizer, EncoderConfig(vocab_size=tokenizer.vocab_size + 27), str(spm_dir))
     workdir = str(tmp_path / "imported")
-    convert.run_import(f"hf:{spm_dir}", workdir)
-    imported = pretrained_lib.load_pretrained(workdir)
+    convert_cli.run_import(f"hf:{spm_dir}", workdir)
+    imported = bundle.load_pretrained(workdir)
     assert imported.config.disentangled == DisentangledConfig(position_buckets=8, max_relative_positions=-1)
     assert (
         imported.config.classifier_head == "deberta"
@@ -201,9 +199,9 @@ def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
 
 @pytest.mark.parametrize("family", ["mlm", "rtd"])
 def test_fill_mask_reads_through_the_enhanced_mask_decoder(tmp_path, family):
-    """models.predict on a DeBERTa workdir: the MLM model (v1/v2) or the generator (v3), with
+    """interop.predict on a DeBERTa workdir: the MLM model (v1/v2) or the generator (v3), with
     the decoder its head was trained on: the probabilities of the pretraining model itself."""
-    from models import predict
+    from interop import predict
     from models.pretraining import BertPretrainingModel
 
     tokenizer = tokenizers.train_wordpiece([["the cat sat on the mat", "a dog ran in the park"]], 80)
@@ -218,7 +216,7 @@ def test_fill_mask_reads_through_the_enhanced_mask_decoder(tmp_path, family):
         model_config = objective.generator_config
         mlm_tree = {"encoder": tree["generator"], "mlm_head": tree["generator_head"]}
     workdir = str(tmp_path / "w")
-    pretrained_lib.save_pretrained(workdir, config, tree, tokenizer, step=1)
+    bundle.save_pretrained(workdir, config, tree, tokenizer, step=1)
     mask = tokenizer.mask_id
     row = [
         tokenizer.cls_id,
@@ -228,7 +226,7 @@ def test_fill_mask_reads_through_the_enhanced_mask_decoder(tmp_path, family):
         mask,
         tokenizer.sep_id,
     ]
-    (found,) = predict.fill_mask_ids(pretrained_lib.load_pretrained(workdir), [row], top_k=3)
+    (found,) = predict.fill_mask_ids(bundle.load_pretrained(workdir), [row], top_k=3)
     batch = {
         "input_ids": np.array([row], np.int32),
         "input_mask": np.ones((1, len(row)), np.int32),
@@ -236,7 +234,9 @@ def test_fill_mask_reads_through_the_enhanced_mask_decoder(tmp_path, family):
         "masked_lm_positions": np.array([[i for i, t in enumerate(row) if t == mask]], np.int32),
     }
     model = BertPretrainingModel(model_config, sentence_head=False, enhanced_mask_decoder=True)
-    probs = jax.nn.softmax(model.apply({"params": mlm_tree}, batch, deterministic=True)["mlm_logits"])[0]
+    probs = jax.nn.softmax(
+        jitted.apply(model, {"params": mlm_tree}, batch, deterministic=True)["mlm_logits"]
+    )[0]
     for slot, candidates in enumerate(found):
         best = np.argsort(-np.asarray(probs[slot]))[:3]
         assert [token for token, _ in candidates] == [tokenizer.id_to_token(int(t)) for t in best]

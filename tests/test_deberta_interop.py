@@ -29,29 +29,23 @@ from safetensors.numpy import load_file, save_file
 from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
 
 from data import tokenizers
-from models import convert
-from models import pretrained as workdir_lib
+from interop import bundle, convert
+from interop.convert import cli as convert_cli
 from models.backbone import encoder_module
 from models.disentangled import DisentangledConfig
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel, example_batch, resize_vocab_rows
-from tests import jitted
-from tests.test_convert import _inputs, _randomize, _vocab
+from tests import hf_parity, jitted
 
 transformers.utils.logging.disable_progress_bar()
 TOLERANCE = 1e-5  # max abs diff in float32; measured values are printed with -s
-# The EMD's masked positions in each row of `_inputs()` (row 0 has 7 real tokens).
+# The EMD's masked positions in each row of `hf_parity.inputs()` (row 0 has 7 real tokens).
 POSITIONS = np.array([[1, 3, 5], [2, 6, 8]], np.int32)
 
-# Tiny models: V 64, H 32, N 4, 2 layers, 40 positions. v2 buckets: 4 buckets reaching 16,
-# so relative positions beyond +-2 are log-bucketed at length 10 and saturate at length 30.
+# Tiny models of hf_parity.SIZE. v2 buckets: 4 buckets reaching 16, so relative positions
+# beyond +-2 are log-bucketed at length 10 and saturate at length 30.
 _COMMON = dict(
-    vocab_size=64,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=40,
+    **hf_parity.SIZE,
     relative_attention=True,
     max_relative_positions=16,
     position_biased_input=False,
@@ -85,7 +79,7 @@ def _hf_model(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
         if v1
         else (transformers.DebertaV2Config, transformers.DebertaV2ForMaskedLM)
     )
-    return _randomize(model_class(config_class(**{**_COMMON, **settings, **overrides})), seed=seed)
+    return hf_parity.randomize(model_class(config_class(**{**_COMMON, **settings, **overrides})), seed=seed)
 
 
 def _long_inputs() -> dict[str, np.ndarray]:
@@ -152,7 +146,7 @@ def _max_diffs(ours: dict, theirs: dict, mask: np.ndarray) -> dict[str, float]:
 def _parity(config, params, model, label: str) -> dict[str, float]:
     """Max diffs of ours vs `model` on the length-10 and length-30 inputs, printed."""
     diffs = {}
-    for length, inputs in (("L10", _inputs()), ("L30", _long_inputs())):
+    for length, inputs in (("L10", hf_parity.inputs()), ("L30", _long_inputs())):
         for key, diff in _max_diffs(
             _our_outputs(config, params, inputs), _hf_outputs(model, inputs), inputs["attention_mask"]
         ).items():
@@ -173,7 +167,7 @@ def _assert_same_params(a, b) -> None:
 
 
 def _error(capsys, argv) -> str:
-    assert convert.main(argv) == 2
+    assert convert_cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     return err
@@ -190,7 +184,9 @@ def test_import_matches_transformers_and_exports_back(variant, tmp_path):
     model = _hf_model(variant)
     model.save_pretrained(str(tmp_path / "hf"))
     fmt, config, params, groups = convert.read_hf_model(str(tmp_path / "hf"))
-    assert fmt is (convert.DEBERTA if v1 else convert.DEBERTA_V2) and groups == ["mlm_head"]
+    assert fmt is (convert.FORMATS["deberta"] if v1 else convert.FORMATS["deberta-v2"]) and groups == [
+        "mlm_head"
+    ]
     opts = config.disentangled
     assert (opts.version, config.pooler, config.classifier_head) == (1 if v1 else 2, False, "deberta")
     assert opts.pos_att_type == tuple(model.config.pos_att_type)
@@ -331,17 +327,17 @@ def test_deberta_v3_workdir_exports_discriminator_and_generator(tmp_path, capsys
         "rtd_head": _rtd_head(seed=3),
     }
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("".join(t + "\n" for t in _vocab(64)))
+    vocab.write_text("".join(t + "\n" for t in hf_parity.vocab(64)))
     tokenizer = tokenizers.WordPieceTokenizer.from_vocab_file(str(vocab), lowercase=True)
     workdir = str(tmp_path / "v3")
-    workdir_lib.save_pretrained(workdir, config, tree, tokenizer)
+    bundle.save_pretrained(workdir, config, tree, tokenizer)
 
     with caplog.at_level(logging.WARNING, logger="convert"):
         assert convert.export_hf(workdir, str(tmp_path / "alone")) == "DebertaV2Model"
     assert "the DeBERTa-v3 generator is not exported: pass --generator_to=hf:DIR" in caplog.text
     disc_out, gen_out = tmp_path / "discriminator", tmp_path / "generator"
     argv = ["export", f"--workdir={workdir}", f"--to=hf:{disc_out}", f"--generator_to=hf:{gen_out}"]
-    assert convert.main(argv) == 0
+    assert convert_cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "(DebertaV2Model, model.safetensors); generator ->" in out and "(DebertaV2ForMaskedLM)" in out
 
@@ -357,7 +353,7 @@ def test_deberta_v3_workdir_exports_discriminator_and_generator(tmp_path, capsys
     np.testing.assert_array_equal(
         stored["mask_predictions.dense.weight"], tree["rtd_head"]["dense"]["kernel"].T
     )
-    inputs = _inputs()
+    inputs = hf_parity.inputs()
     loaded = transformers.DebertaV2Model.from_pretrained(str(disc_out)).eval()
     with torch.no_grad():
         theirs = loaded(**_torch(inputs)).last_hidden_state.numpy()
@@ -468,9 +464,9 @@ def test_mapping_table_covers_every_parameter():
     for variant, (v1, _) in VARIANTS.items():
         config = convert.hf_config_to_ours(_hf_model(variant).config.to_dict(), "test")[1]
         fmt = convert.format_of(config)
-        assert fmt is (convert.DEBERTA if v1 else convert.DEBERTA_V2)
-        shapes = convert.our_shapes(config)
-        spec = [p for p in convert.expand(fmt, "hf", config.num_layers, fmt.hf_base) if p.ours in shapes]
+        assert fmt is (convert.FORMATS["deberta"] if v1 else convert.FORMATS["deberta-v2"])
+        shapes = fmt.our_shapes(config)
+        spec = [p for p in fmt.expand("hf", config.num_layers, fmt.hf_base) if p.ours in shapes]
         assert sorted(p.ours for p in spec) == sorted(shapes), variant
         unfused = [p.theirs for p in spec if p.layout != "fused_qkv"]
         assert len(set(unfused)) == len(unfused), variant
@@ -586,7 +582,7 @@ def test_enhanced_mask_decoder_matches_the_last_hf_layer_applied_twice(variant, 
     model = _hf_model(variant)
     if v1:  # the transcription above must be HF's layer: check it without query_states
         previous = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(0))
-        encoder, mask = model.deberta.encoder, torch.from_numpy(_inputs()["attention_mask"])
+        encoder, mask = model.deberta.encoder, torch.from_numpy(hf_parity.inputs()["attention_mask"])
         args = (encoder.get_attention_mask(mask), encoder.get_rel_pos(previous), encoder.get_rel_embedding())
         with torch.no_grad():
             theirs = encoder.layer[-1](previous, args[0], relative_pos=args[1], rel_embeddings=args[2])[0]
@@ -596,7 +592,7 @@ def test_enhanced_mask_decoder_matches_the_last_hf_layer_applied_twice(variant, 
     _, config, params, _ = convert.read_hf_model(str(tmp_path / "hf"))
     table = (0.2 * np.random.default_rng(2).standard_normal((40, 32))).astype(np.float32)
     params["encoder"]["embeddings"]["position_embeddings"] = {"embedding": table}
-    inputs = _inputs()
+    inputs = hf_parity.inputs()
     emd = BertPretrainingModel(config, sentence_head=False, enhanced_mask_decoder=True)
     ours = np.asarray(
         jitted.apply(emd, {"params": params}, _batch(inputs, POSITIONS), deterministic=True)["mlm_logits"]

@@ -1,21 +1,19 @@
 """Tests of DeBERTa's tokenizers (data.tokenizers): v2/v3 SentencePiece and v1 byte-level BPE,
 against transformers' DebertaV2Tokenizer / DebertaTokenizer on tiny vocabs trained here, and
-their import/export through models.convert."""
+their import/export through interop.convert."""
 
-import io
 import json
 import os
-import types
 import unicodedata
 
 import numpy as np
 import pytest
-import sentencepiece as spm
 
 from data import tokenizers
 from data.tokenizers import DebertaBPETokenizer, DebertaSentencePieceTokenizer, TokenizerError
-from models import convert
+from interop import convert
 from models.encoder import EncoderConfig
+from tests import spm_files
 
 # Punctuation, digits, runs of whitespace, accents (NFC and NFD), other scripts, an emoji;
 # characters the tiny models never saw become [UNK] (SentencePiece) or bytes (BPE). No
@@ -37,48 +35,15 @@ PAIRS = [
 ]
 
 
-def _sentences(n):
-    """Sentences of Python's own documentation (`pydoc_data.topics`)."""
-    import pydoc_data.topics
-
-    text = " ".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
-    return [s.strip() for s in " ".join(text.split()).split(". ") if len(s.strip()) > 10][:n]
-
-
-def _train_spm(vocab_size=800, **settings):
-    """A unigram spm model's bytes, by default laid out as DeBERTa-v2/v3's spm.model:
-    [PAD]=0 [CLS]=1 [SEP]=2 (control pieces: pad, bos, eos) and [UNK]=3 (its unk piece)."""
-    layout = dict(
-        pad_id=0,
-        pad_piece="[PAD]",
-        bos_id=1,
-        bos_piece="[CLS]",
-        eos_id=2,
-        eos_piece="[SEP]",
-        unk_id=3,
-        unk_piece="[UNK]",
-    )
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_sentences(800)),
-        model_writer=model,
-        model_type="unigram",
-        vocab_size=vocab_size,
-        minloglevel=2,
-        **{**layout, **settings},
-    )
-    return model.getvalue()
-
-
 def _one_line(excinfo):
     message = str(excinfo.value)
     assert message and "\n" not in message, message
     return message
 
 
-def _fmt(name, model_type):
-    """The ModelFormat read_tokenizer dispatches on (only its model_type is read)."""
-    return getattr(convert, name, None) or types.SimpleNamespace(model_type=model_type)
+def _fmt(model_type):
+    """The ModelFormat of a family (interop.convert.FORMATS), whose read_tokenizer reads its folders."""
+    return convert.FORMATS[model_type]
 
 
 # ---------------------------------------------------------------- v2/v3: SentencePiece
@@ -88,7 +53,7 @@ def _fmt(name, model_type):
 def spm_dir(tmp_path_factory):
     """A folder as HF publishes DeBERTa-v3: spm.model and nothing else of ours."""
     directory = tmp_path_factory.mktemp("deberta_v3")
-    (directory / "spm.model").write_bytes(_train_spm())
+    (directory / "spm.model").write_bytes(spm_files.train_spm())
     return directory
 
 
@@ -231,7 +196,7 @@ def test_spm_decode(ours_v2):
 def test_spm_documents_encode_as_their_joined_text(ours_v2):
     # Without runs of "*": spm breaks ties between equal-score segmentations ("*" "**" vs "**"
     # "*") differently at different offsets, alone or joined, whatever the tokenizer.
-    sentences = [s for s in _sentences(900)[800:] if "**" not in s]
+    sentences = [s for s in spm_files.sentences(900)[800:] if "**" not in s]
     documents = [sentences[i : i + 5] for i in range(0, 60, 5)] + [
         ["It ends here.", "The next one.", "3 more."]
     ]
@@ -282,7 +247,7 @@ def test_spm_export_loads_in_transformers(ours_v2, tmp_path):
     for a, b in PAIRS:
         ids, segments, _ = tokenizers.pair_inputs(ours_v2, ours_v2.encode(a), ours_v2.encode(b), 512)
         assert (ids, segments) == (theirs(a, b)["input_ids"], theirs(a, b)["token_type_ids"])
-    back = convert.read_tokenizer(_fmt("DEBERTA_V2", "deberta-v2"), out, out)
+    back = convert.read_tokenizer(_fmt("deberta-v2"), out, out)
     assert back.identity() == ours_v2.identity()
 
 
@@ -292,7 +257,7 @@ def test_spm_user_defined_special_pieces(tmp_path):
     import transformers
 
     layout = dict(pad_id=-1, bos_id=-1, eos_id=-1, user_defined_symbols=["[PAD]", "[CLS]", "[SEP]"])
-    (tmp_path / "spm.model").write_bytes(_train_spm(800, **layout))
+    (tmp_path / "spm.model").write_bytes(spm_files.train_spm(800, **layout))
     tok = tokenizers.load_tokenizer(str(tmp_path))
     theirs = transformers.DebertaV2Tokenizer.from_pretrained(str(tmp_path))
     assert (tok.pad_id, tok.cls_id, tok.sep_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 800)
@@ -306,7 +271,7 @@ def test_spm_with_a_mask_piece_keeps_its_id(tmp_path):
     the original's add_special_token and HF do."""
     import transformers
 
-    (tmp_path / "spm.model").write_bytes(_train_spm(300, user_defined_symbols=["[MASK]"]))
+    (tmp_path / "spm.model").write_bytes(spm_files.train_spm(300, user_defined_symbols=["[MASK]"]))
     tok = DebertaSentencePieceTokenizer.from_model_file(str(tmp_path / "spm.model"))
     assert tok.mask_id == 4 and tok.vocab_size == 300
     assert transformers.DebertaV2Tokenizer.from_pretrained(str(tmp_path)).mask_token_id == 4
@@ -321,7 +286,7 @@ def test_spm_errors(tmp_path):
         tokenizers.load_tokenizer(str(tmp_path / "bad"))
     _one_line(e)
     # spm's default layout (<unk> <s> </s>) is not DeBERTa's.
-    plain = _train_spm(
+    plain = spm_files.train_spm(
         200,
         pad_id=-1,
         pad_piece="<pad>",
@@ -341,12 +306,12 @@ def test_spm_errors(tmp_path):
         DebertaSentencePieceTokenizer.from_model_file(str(tmp_path / "missing.model"))
     # read_tokenizer: no spm.model, or settings our tokenizer does not implement.
     (tmp_path / "empty").mkdir()
-    fmt = _fmt("DEBERTA_V2", "deberta-v2")
+    fmt = _fmt("deberta-v2")
     with pytest.raises(convert.ConversionError, match=r"no spm\.model: a DeBERTa-v2/v3 folder needs") as e:
         convert.read_tokenizer(fmt, str(tmp_path / "empty"), "empty")
     _one_line(e)
     (tmp_path / "lower").mkdir()
-    (tmp_path / "lower" / "spm.model").write_bytes(_train_spm(200))
+    (tmp_path / "lower" / "spm.model").write_bytes(spm_files.train_spm(200))
     (tmp_path / "lower" / "tokenizer_config.json").write_text('{"do_lower_case": true}')
     with pytest.raises(convert.ConversionError, match=r"do_lower_case=True: only do_lower_case=False") as e:
         convert.read_tokenizer(fmt, str(tmp_path / "lower"), "lower")
@@ -387,7 +352,7 @@ def bpe_dir(tmp_path_factory):
     )
     bpe = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE())
     bpe.pre_tokenizer = hf_tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    bpe.train_from_iterator([_sentences(800)], trainer=trainer)
+    bpe.train_from_iterator([spm_files.sentences(800)], trainer=trainer)
     model = json.loads(bpe.to_str())["model"]
     vocab = {**model["vocab"], "[MASK]": len(model["vocab"])}
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
@@ -484,7 +449,7 @@ def test_bpe_save_load_export(ours_v1, bpe_dir, tmp_path):
     )
     for text in TEXTS:
         assert theirs(text)["input_ids"] == tokenizers.pair_inputs(tok, tok.encode(text), None, 512)[0]
-    back = convert.read_tokenizer(_fmt("DEBERTA", "deberta"), out, out)
+    back = convert.read_tokenizer(_fmt("deberta"), out, out)
     assert isinstance(back, DebertaBPETokenizer) and back.identity() == tok.identity()
 
 
@@ -505,7 +470,7 @@ def test_bpe_errors(bpe_dir, tmp_path):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "vocab.json").write_text(json.dumps(roberta))
     (tmp_path / "r" / "merges.txt").write_text("#version: 0.2\n")
-    fmt = _fmt("DEBERTA", "deberta")
+    fmt = _fmt("deberta")
     with pytest.raises(TokenizerError, match=r"the vocab has no \[PAD\] token: DeBERTa needs") as e:
         convert.read_tokenizer(fmt, str(tmp_path / "r"), "r")
     _one_line(e)
@@ -522,7 +487,7 @@ def test_bpe_errors(bpe_dir, tmp_path):
 
 def test_word_start_rule_examples():
     """The shared rule on hand-picked texts: a leading space, or a lone boundary character."""
-    rule = tokenizers._is_deberta_word_start
+    rule = tokenizers.deberta._is_deberta_word_start
     assert (
         rule("\u2581the", "\u2581")
         and rule(",", "\u2581")
@@ -532,3 +497,51 @@ def test_word_start_rule_examples():
     assert not rule("s", "\u2581") and not rule("1,", "\u2581") and not rule("\u00e9", "\u2581")
     assert rule(" the", " ") and rule("\t", " ") and not rule("\ufffd", " ") and not rule("the", " ")
     assert np.array_equal([rule(c, " ") for c in "a1.-"], [False, False, True, True])
+
+
+# ---------------------------------------------------------------- both: model sizes, transformers' settings
+
+
+def test_fits_vocab_allows_spare_rows(ours_v1, ours_v2):
+    """DeBERTa's published tables have rows no id reaches (v2/v3: 128100 for 128001 tokens)."""
+    for tok in (ours_v1, ours_v2):
+        n = tok.vocab_size
+        assert tok.fits_vocab(n) and tok.fits_vocab(n + 99) and not tok.fits_vocab(n - 1)
+
+
+def test_hf_special_tokens_and_settings(ours_v1, ours_v2, tmp_path):
+    """What interop.convert.write_hf_tokenizer writes for transformers: [CLS] / [SEP] are also
+    bos / eos, and the settings the published models fix (HF_FIXED_SETTINGS, which
+    interop.convert.read_tokenizer requires of a published folder)."""
+    from models.encoder import EncoderConfig
+
+    specials = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+        "bos_token": "[CLS]",
+        "eos_token": "[SEP]",
+    }
+    assert ours_v1.hf_special_tokens() == specials and ours_v2.hf_special_tokens() == specials
+    assert DebertaBPETokenizer.HF_FIXED_SETTINGS == {"add_prefix_space": False}
+    assert DebertaSentencePieceTokenizer.HF_FIXED_SETTINGS == {
+        "do_lower_case": False,
+        "split_by_punct": False,
+    }
+    assert ours_v1.hf_settings() == {"tokenizer_class": "DebertaTokenizer", "add_prefix_space": False}
+    assert ours_v2.hf_settings() == {
+        "tokenizer_class": "DebertaV2Tokenizer",
+        "do_lower_case": False,
+        "split_by_punct": False,
+    }
+    for tok in (ours_v1, ours_v2):
+        out = tmp_path / tok.identity()["kind"]
+        convert.write_hf_tokenizer(tok, EncoderConfig(vocab_size=tok.vocab_size), str(out))
+        written = json.loads((out / "tokenizer_config.json").read_text())
+        expected = {"kind": tok.identity()["kind"], "model_max_length": 512}
+        assert written == {**expected, **tok.hf_special_tokens(), **tok.hf_settings()}
+        assert json.loads((out / "special_tokens_map.json").read_text()) == tok.hf_special_tokens()
+        # Our tokenizer_config.json names the kind: the folder loads through the registry.
+        assert tokenizers.load_tokenizer(str(out)).identity() == tok.identity()

@@ -31,8 +31,9 @@ def _demo(workdir, *args: str) -> subprocess.CompletedProcess:
 def test_demo_runs_every_stage_and_reports(tmp_path):
     result = _demo(
         tmp_path,
-        "--gin_bindings=run.steps=40",
-        "--gin_bindings=run.eval_every=20",
+        "--gin_bindings=run.steps=20",
+        "--gin_bindings=run.batch_size=8",
+        "--gin_bindings=run.eval_every=10",
         "--gin_bindings=run.eval_batches=2",
         "--gin_bindings=run.log_every=10",
     )
@@ -51,18 +52,23 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
     assert report.count("answer:") == 6
     assert (tmp_path / "run" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["step"] == 40 and 0 < summary["unigram_baseline"] < 1
+    assert summary["step"] == 20 and 0 < summary["unigram_baseline"] < 1
     assert 0 <= summary["fill_mask_top1"] <= summary["fill_mask_top5"] <= 1
     assert summary["initial_eval"]["loss"] > summary["loss"]
     # Run again: every stage is found done, the run resumes at its last step and only reports.
-    again = _demo(tmp_path, "--gin_bindings=run.steps=40", "--gin_bindings=run.eval_batches=2")
+    again = _demo(
+        tmp_path,
+        "--gin_bindings=run.steps=20",
+        "--gin_bindings=run.batch_size=8",
+        "--gin_bindings=run.eval_batches=2",
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "up to date" in again.stdout
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["resumed_from"] == 40
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["resumed_from"] == 20
     # The same workdir with another demo model (e.g. a `make demo` from before its model
     # changed): one error line before anything is written, the run's files as they were.
     described = (tmp_path / "run" / "model_config.json").read_text()
-    other = _demo(tmp_path, "--gin_file=configs/runs/demo.gin", "--gin_bindings=run.steps=40")
+    other = _demo(tmp_path, "--gin_file=configs/runs/demo.gin", "--gin_bindings=run.steps=20")
     assert other.returncode != 0
     last = other.stderr.splitlines()[-1]
     assert "holds a run of another model than configs/runs/demo.gin's (EncoderConfig differs in " in last
@@ -77,6 +83,7 @@ def test_bert_demo_reports_nsp(tmp_path):
         tmp_path,
         "--gin_file=configs/runs/demo.gin",
         "--gin_bindings=run.steps=10",
+        "--gin_bindings=run.batch_size=8",
         "--gin_bindings=run.eval_every=10",
         "--gin_bindings=run.eval_batches=1",
     )

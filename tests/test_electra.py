@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from core import flops, sharding
+from core import flops
 from core.errors import ConfigError
 from data import pipeline, synthetic
 from data.pipeline import PipelineConfig
@@ -20,8 +20,7 @@ from models.encoder import EncoderConfig
 from pretrain import step
 from pretrain.objectives import ElectraRTD
 from pretrain.objectives.electra import mask_counts, mask_rows, max_predictions
-from tests import objective_runs, test_sharding
-from tests.test_train import data_dir  # noqa: F401  (test_train's synthetic shards)
+from tests import mesh_training
 
 # 8 heads and widths divisible by 8 (tensor:8 meshes); no dropout, so that every layout and
 # microbatching computes the same function.
@@ -73,7 +72,8 @@ def _rows(batch_size, seed=0, length=L):
 
 
 def _params(objective, seed=0):
-    return flax.linen.meta.unbox(objective.init(jax.random.key(seed)))
+    # Jitted: op by op, init compiles every operation on its own.
+    return flax.linen.meta.unbox(jax.jit(objective.init)(jax.random.key(seed)))
 
 
 def _keys(seed=0):
@@ -176,7 +176,7 @@ def test_embedding_block_is_shared_and_gets_both_gradients():
             _, sums = objective.loss(p, batch, keys, norms, train=True)
             return sums[name]
 
-        return jax.grad(f)(params)
+        return jax.jit(jax.grad(f))(params)
 
     gen, disc = part("mlm_loss_sum"), part("disc_loss_sum")
     for grads in (gen, disc):
@@ -196,7 +196,9 @@ def test_loss_is_mlm_plus_fifty_times_discriminator():
     objective = _objective()
     params = _params(objective)
     batch = _with_rows(_rows(16, seed=4))
-    loss, sums = objective.loss(params, batch, _keys(4), objective.normalizers(batch), train=False)
+    loss, sums = jax.jit(
+        lambda p: objective.loss(p, batch, _keys(4), objective.normalizers(batch), train=False)
+    )(params)
     means = objective.summarize({k: float(v) for k, v in sums.items()})
     assert means["loss"] == pytest.approx(means["mlm_loss"] + 50 * means["disc_loss"], rel=1e-6)
     assert float(loss) == pytest.approx(means["loss"], rel=1e-5)
@@ -247,64 +249,25 @@ def test_generator_shapes_follow_the_papers_ratios():
     assert (g.hidden_size, g.num_heads, g.intermediate_size, g.embedding_width) == (64, 1, 256, 128)
 
 
-def _train(mesh, batches, microbatches=1, config=DISC):
-    """test_sharding's training loop (same optimizer and keys) with ELECTRA's objective."""
-    state, losses = test_sharding._train(
-        mesh, batches, microbatches=microbatches, objective=_objective(config)
-    )
-    return jax.device_get(state.params), losses
-
-
 @pytest.mark.slow(40)
 @pytest.mark.parametrize("embedding_size", [32, None], ids=["small_shaped", "base_shaped"])
 def test_microbatched_and_sharded_steps_equal_the_single_device_step(embedding_size):
     # Small-shaped: E < H, both towers project; the generator's single head does not split
     # over tensor:2 (replicated). Base-shaped: E = H, only the generator projects.
     config = dataclasses.replace(DISC, embedding_size=embedding_size)
-    batches = [_rows(16, seed=s) for s in range(2)]
-    params, losses = _train(sharding.make_mesh(None, jax.devices()[:1]), batches, config=config)
-    for spec, micro in (("data:2,fsdp:2,tensor:2", 1), ("data:4,fsdp:2", 4)):
-        other, other_losses = _train(sharding.make_mesh(spec), batches, microbatches=micro, config=config)
-        np.testing.assert_allclose(other_losses, losses, rtol=1e-5, err_msg=spec)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), other, params)
+    mesh_training.assert_layouts_equal_one_device(
+        lambda: _objective(config), [_rows(16, seed=s) for s in range(2)]
+    )
 
 
-def test_pipeline_rows_for_in_step_masking(data_dir):  # noqa: F811
-    ds = pipeline.make_dataset(data_dir, "train", DATA, 32)
+def test_pipeline_rows_for_in_step_masking(synthetic_shards):
+    ds = pipeline.make_dataset(synthetic_shards, "train", DATA, 32)
     batch = {k: v.numpy() for k, v in next(iter(ds)).items()}
     assert set(batch) == {"input_ids", "input_mask", "segment_ids", "positions", "maskable", "mask_id"}
     special = np.isin(batch["input_ids"], [synthetic.SPECIAL[k] for k in ("cls", "sep", "mask", "pad")])
     np.testing.assert_array_equal(batch["maskable"], batch["input_mask"] * ~special)
     assert (batch["mask_id"] == synthetic.SPECIAL["mask"]).all()
     assert batch["maskable"].sum() > 0.5 * batch["input_mask"].sum()
-
-
-def _run(workdir, data_dir, steps):  # noqa: F811  (the argument, not the fixture)
-    config = dataclasses.replace(
-        DISC, vocab_size=synthetic.VOCAB_SIZE, dropout_rate=0.1, attention_dropout_rate=0.1, num_heads=4
-    )
-    return objective_runs.run(
-        workdir,
-        data_dir,
-        steps,
-        objective=ElectraRTD,
-        model_config=config,
-        pipeline_config=dataclasses.replace(DATA, document_shuffle_buffer=20, instance_shuffle_buffer=50),
-        batch_size=16,
-    )
-
-
-@pytest.mark.slow(75)
-def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir):  # noqa: F811
-    full = _run(tmp_path / "full", data_dir, steps=10)
-    assert full["objective"] == "ElectraRTD" and full["headline_metric"] == "disc_accuracy"
-    for name in ("mlm_accuracy", "disc_accuracy", "disc_precision", "disc_recall", "replaced_rate"):
-        assert name in full["eval"], name
-    first = _run(tmp_path / "split", data_dir, steps=6)
-    assert first["params_sha256"] != full["params_sha256"]
-    resumed = _run(tmp_path / "split", data_dir, steps=10)
-    assert resumed["resumed_from"] == 6
-    assert resumed["params_sha256"] == full["params_sha256"]
 
 
 def test_flops_are_generator_plus_discriminator():

@@ -18,9 +18,9 @@ from flax import traverse_util
 from core import optim, sharding
 from data import tokenizers
 from finetune import demo_task, glue, sweep, trainer
-from finetune.model import ClassifierModel
 from finetune.tasks import TASKS, read_glue_dir
-from models import pretrained as pretrained_lib
+from interop import bundle
+from models.classifier import ClassifierModel
 from models.encoder import Encoder, EncoderConfig
 from tests import cli_run, jitted
 
@@ -190,7 +190,7 @@ def test_glue_on_the_demo_task_from_an_electra_workdir(_clean_gin, tmp_path, cap
     tokenizer = tokenizers.train_wordpiece([sentences], 300)
     config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size, max_position_embeddings=32)
     workdir = str(tmp_path / "electra")
-    pretrained_lib.save_pretrained(workdir, config, _pretraining_tree(config), tokenizer, step=5)
+    bundle.save_pretrained(workdir, config, _pretraining_tree(config), tokenizer, step=5)
     out = tmp_path / "out"
     result = cli_run.run(
         glue.main,

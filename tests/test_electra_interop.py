@@ -25,20 +25,19 @@ from flax import traverse_util
 
 from data import tokenizers
 from finetune import glue
-from models import convert, encode, predict
-from models import pretrained as workdir_lib
-from models.electra import ElectraPretrainingModel, generator_config
+from interop import bundle, convert, encode, predict
+from interop.convert import cli as convert_cli
+from models.electra import ElectraPretrainingModel, generator_config, generator_masked_lm
 from models.encoder import EncoderConfig
 from models.pretraining import resize_vocab_rows
-from tests import cli_run, jitted
+from tests import cli_run, hf_parity, jitted
 from tests.glue_folders import write_glue_dir
-from tests.test_convert import _inputs, _randomize, _save_hf, _vocab
 
 transformers.utils.logging.disable_progress_bar()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-5  # max abs diff in float32; measured values are printed with -s
 MASK_ID = 5  # [MASK] in tests.test_convert's vocab
-# Where the generator predicts in each row of `_inputs()` (row 0 has 7 real tokens).
+# Where the generator predicts in each row of `hf_parity.inputs()` (row 0 has 7 real tokens).
 POSITIONS = np.array([[1, 3, 5], [2, 6, 8]], np.int32)
 
 
@@ -69,20 +68,20 @@ def _electra(root, embedding_size: int, ratio: float) -> Electra:
     """A random discriminator (H = 32, 4 heads) and a generator of models.electra's shape for
     `ratio` (generator_config: max(1, H_g // 64) heads, FFN 4 H_g) sharing its embeddings,
     saved and imported together through the command line."""
-    discriminator = _randomize(
+    discriminator = hf_parity.randomize(
         transformers.ElectraForPreTraining(_hf_config(embedding_size, 32, 4, 48)), seed=0
     )
     hidden = int(32 * ratio)
-    generator = _randomize(
+    generator = hf_parity.randomize(
         transformers.ElectraForMaskedLM(_hf_config(embedding_size, hidden, 1, 4 * hidden)), seed=1
     )
     with torch.no_grad():  # one shared block, as ELECTRA trains it (the tied decoder follows)
         generator.electra.embeddings.load_state_dict(discriminator.electra.embeddings.state_dict())
-    discriminator_dir = _save_hf(discriminator, str(root / "discriminator"))
-    generator_dir = _save_hf(generator, str(root / "generator"))
+    discriminator_dir = hf_parity.save_hf(discriminator, str(root / "discriminator"))
+    generator_dir = hf_parity.save_hf(generator, str(root / "generator"))
     workdir = str(root / "imported")
     argv = ["import", f"--from=hf:{discriminator_dir}", f"--generator_from=hf:{generator_dir}"]
-    assert convert.main([*argv, f"--workdir={workdir}"]) == 0
+    assert convert_cli.main([*argv, f"--workdir={workdir}"]) == 0
     return Electra(discriminator, generator, discriminator_dir, generator_dir, workdir, ratio)
 
 
@@ -97,17 +96,17 @@ def _torch(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def _generator_inputs() -> dict[str, np.ndarray]:
-    inputs = _inputs()
+    inputs = hf_parity.inputs()
     ids = inputs["input_ids"].copy()
     np.put_along_axis(ids, POSITIONS, MASK_ID, axis=1)
     return {**inputs, "input_ids": ids}
 
 
 def _hf_logits(e: Electra) -> dict[str, np.ndarray]:
-    """Discriminator logits [B, L] on `_inputs()`; generator logits [B, P, V] at POSITIONS of
+    """Discriminator logits [B, L] on `hf_parity.inputs()`; generator logits [B, P, V] at POSITIONS of
     `_generator_inputs()`; the discriminator's last hidden state [B, L, H]."""
     with torch.no_grad():
-        disc = e.discriminator(**_torch(_inputs()), output_hidden_states=True)
+        disc = e.discriminator(**_torch(hf_parity.inputs()), output_hidden_states=True)
         gen = e.generator(**_torch(_generator_inputs())).logits.numpy()
     return {
         "disc_logits": disc.logits.numpy(),
@@ -118,9 +117,9 @@ def _hf_logits(e: Electra) -> dict[str, np.ndarray]:
 
 def _our_logits(config: EncoderConfig, params, ratio: float) -> dict[str, np.ndarray]:
     """ElectraPretrainingModel's disc_logits and mlm_logits on the inputs of `_hf_logits`, and
-    models.encode's features. No masked position has weight: no sample is written, so the
-    discriminator reads `_inputs()` as it is."""
-    inputs, masked = _inputs(), _generator_inputs()
+    interop.encode's features. No masked position has weight: no sample is written, so the
+    discriminator reads `hf_parity.inputs()` as it is."""
+    inputs, masked = hf_parity.inputs(), _generator_inputs()
     batch = {
         "input_ids": inputs["input_ids"].astype(np.int32),
         "generator_input_ids": masked["input_ids"].astype(np.int32),
@@ -133,7 +132,7 @@ def _our_logits(config: EncoderConfig, params, ratio: float) -> dict[str, np.nda
     rngs = {"sampling": jax.random.key(0)}
     out = jitted.apply(model, {"params": params}, batch, deterministic=True, rngs=rngs)
     assert not np.asarray(out["replaced"]).any()
-    pretrained = workdir_lib.Pretrained(config, params, tokenizer=None, step=0)
+    pretrained = bundle.Pretrained(config, params, tokenizer=None, step=0)
     features = encode.encode(pretrained, {k: v.astype(np.int32) for k, v in inputs.items()}, batch_size=2)
     assert "pooled_output" not in features
     return {
@@ -159,7 +158,7 @@ def _assert_same_params(a, b) -> None:
         np.testing.assert_array_equal(a[key], b[key], err_msg="/".join(key))
 
 
-def _error(capsys, argv, main=convert.main) -> str:
+def _error(capsys, argv, main=convert_cli.main) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
@@ -170,7 +169,7 @@ def _error(capsys, argv, main=convert.main) -> str:
 def test_import_matches_transformers(electra, tmp_path, embedding_size, ratio):
     """Factorized: E = 16, H = 32, H_g = 8 (both embeddings_project). E = H = H_g = 32: neither."""
     e = electra if embedding_size == 16 else _electra(tmp_path, embedding_size, ratio)
-    pretrained = workdir_lib.load_pretrained(e.workdir)
+    pretrained = bundle.load_pretrained(e.workdir)
     config = pretrained.config
     assert (config.pooler, config.classifier_head, config.hidden_act) == (False, "electra", "gelu")
     assert config.embedding_size == (None if embedding_size == 32 else 16)
@@ -180,7 +179,7 @@ def test_import_matches_transformers(electra, tmp_path, embedding_size, ratio):
     info = json.load(open(os.path.join(e.workdir, convert.CONVERTED_FROM)))
     assert info["model_type"] == "electra" and info["groups"] == ["discriminator_head", "generator"]
     # The generator's shape, read back from its parameters, is models.electra's for the ratio.
-    generator, _ = workdir_lib.electra_generator(config, pretrained.params)
+    generator, _ = generator_masked_lm(config, pretrained.params)
     assert generator == generator_config(config, ratio)
     diffs = _max_diffs(_our_logits(config, pretrained.params, ratio), _hf_logits(e))
     print(f"ELECTRA import ({embedding_size=}) max abs diff:", diffs)
@@ -194,7 +193,7 @@ def test_export_loads_in_transformers_and_reimports_exactly(electra, tmp_path, c
     assert "the ELECTRA generator is not exported: pass --generator_to=hf:DIR" in caplog.text
     disc_out, gen_out = tmp_path / "discriminator", tmp_path / "generator"
     argv = ["export", f"--workdir={e.workdir}", f"--to=hf:{disc_out}", f"--generator_to=hf:{gen_out}"]
-    assert convert.main(argv) == 0
+    assert convert_cli.main(argv) == 0
     assert "(ElectraForPreTraining, model.safetensors); generator ->" in capsys.readouterr().out
     loaded = e._replace(
         discriminator=transformers.ElectraForPreTraining.from_pretrained(str(disc_out)).eval(),
@@ -207,8 +206,8 @@ def test_export_loads_in_transformers_and_reimports_exactly(electra, tmp_path, c
         hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
         assert hf_tokenizer("paris is the capital", add_special_tokens=False)["input_ids"] == [6, 7, 8, 9]
     again = str(tmp_path / "reimported")
-    convert.run_import(f"hf:{disc_out}", again, f"hf:{gen_out}")
-    original, reloaded = workdir_lib.load_pretrained(e.workdir), workdir_lib.load_pretrained(again)
+    convert_cli.run_import(f"hf:{disc_out}", again, f"hf:{gen_out}")
+    original, reloaded = bundle.load_pretrained(e.workdir), bundle.load_pretrained(again)
     assert reloaded.config == original.config
     _assert_same_params(reloaded.params, original.params)
 
@@ -244,10 +243,10 @@ def test_our_tree_exports_and_reimports_exactly(tmp_path):
     noise = np.random.default_rng(0)
     params = jax.tree.map(lambda x: x + 0.1 * noise.standard_normal(x.shape, np.float32), params)
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("".join(t + "\n" for t in _vocab(64)))
+    vocab.write_text("".join(t + "\n" for t in hf_parity.vocab(64)))
     tokenizer = tokenizers.WordPieceTokenizer.from_vocab_file(str(vocab), lowercase=True)
     workdir = str(tmp_path / "ours")
-    workdir_lib.save_pretrained(workdir, config, params, tokenizer)
+    bundle.save_pretrained(workdir, config, params, tokenizer)
     disc_out, gen_out = str(tmp_path / "discriminator"), str(tmp_path / "generator")
     assert convert.export_hf(workdir, disc_out, generator_output=gen_out) == "ElectraForPreTraining"
     exported = Electra(
@@ -264,7 +263,7 @@ def test_our_tree_exports_and_reimports_exactly(tmp_path):
     _, reimported_config, reimported, groups = convert.read_hf_model(disc_out)
     assert reimported_config == dataclasses.replace(config, vocab_pad_multiple=1)
     reimported.update(
-        convert.read_electra_generator(gen_out, reimported_config, reimported["encoder"]["embeddings"])
+        convert.FORMATS["electra"].read_generator(gen_out, reimported_config, reimported, disc_out)
     )
     _assert_same_params(reimported, resize_vocab_rows(params, 64))
 
@@ -287,7 +286,7 @@ def test_encode_cli_writes_the_discriminator_features(electra, tmp_path):
 
 def test_predict_fills_masks_with_the_generator(electra, tmp_path, capsys):
     e = electra
-    pretrained = workdir_lib.load_pretrained(e.workdir)
+    pretrained = bundle.load_pretrained(e.workdir)
     text = "paris is the [MASK] of [MASK] ."
     [masks] = predict.fill_mask(pretrained, [text], top_k=3)
     ids = predict.masked_inputs(pretrained.tokenizer, text, 40)
@@ -299,7 +298,7 @@ def test_predict_fills_masks_with_the_generator(electra, tmp_path, capsys):
         assert [token for token, _ in candidates] == expected
     # Without the generator: no MLM head, one line.
     discriminator_only = str(tmp_path / "discriminator_only")
-    convert.run_import(f"hf:{e.discriminator_dir}", discriminator_only)
+    convert_cli.run_import(f"hf:{e.discriminator_dir}", discriminator_only)
     err = _error(capsys, [f"--workdir={discriminator_only}", f"--text={text}"], main=predict.main)
     assert "ELECTRA discriminator without its generator" in err and "--generator_from" in err
     # ... nor can its export write a generator.
@@ -313,15 +312,13 @@ def test_generator_embeddings_that_differ_warn_and_the_discriminators_are_kept(e
     generator = transformers.ElectraForMaskedLM.from_pretrained(e.generator_dir).eval()
     with torch.no_grad():
         generator.electra.embeddings.position_embeddings.weight.add_(0.5)
-    generator_dir = _save_hf(generator, str(tmp_path / "generator"))
+    generator_dir = hf_parity.save_hf(generator, str(tmp_path / "generator"))
     workdir = str(tmp_path / "imported")
     with caplog.at_level(logging.WARNING, logger="convert"):
-        convert.run_import(f"hf:{e.discriminator_dir}", workdir, f"hf:{generator_dir}")
+        convert_cli.run_import(f"hf:{e.discriminator_dir}", workdir, f"hf:{generator_dir}")
     assert "the generator's embeddings differ from the discriminator's (max abs diff 0.5" in caplog.text
     assert "embeddings/position_embeddings/embedding" in caplog.text
-    _assert_same_params(
-        workdir_lib.load_pretrained(workdir).params, workdir_lib.load_pretrained(e.workdir).params
-    )
+    _assert_same_params(bundle.load_pretrained(workdir).params, bundle.load_pretrained(e.workdir).params)
 
 
 def test_generator_folder_errors_are_one_line(electra, tmp_path, capsys):
@@ -330,8 +327,8 @@ def test_generator_folder_errors_are_one_line(electra, tmp_path, capsys):
     err = _error(capsys, ["import", f"--from=hf:{e.generator_dir}", f"--workdir={tmp_path / 'w'}"])
     assert "is an ELECTRA generator (ElectraForMaskedLM): import the discriminator" in err
     # A generator with another embedding width cannot share the discriminator's block.
-    other = _randomize(transformers.ElectraForMaskedLM(_hf_config(24, 8, 1, 32)), seed=3)
-    other_dir = _save_hf(other, str(tmp_path / "other"))
+    other = hf_parity.randomize(transformers.ElectraForMaskedLM(_hf_config(24, 8, 1, 32)), seed=3)
+    other_dir = hf_parity.save_hf(other, str(tmp_path / "other"))
     argv = ["import", f"--from=hf:{e.discriminator_dir}", f"--generator_from=hf:{other_dir}"]
     err = _error(capsys, [*argv, f"--workdir={tmp_path / 'w'}"])
     assert "the generator's embedding_width is 24, the discriminator's 16" in err

@@ -1,6 +1,8 @@
-"""CI runs the fault-injection script (tests/fault_injection.py) in full: SIGKILLs at random
-steps, a SIGKILL during a save, SIGTERM, three kinds of damaged checkpoint and a disk
-that fills up during a save, each ending on the uninterrupted run's parameters."""
+"""CI runs the fault-injection script (tests/fault_injection.py): a SIGKILL at a random step,
+a SIGKILL during a save, SIGTERM, a disk that fills up during a save and three kinds of
+damaged checkpoint, each ending on the uninterrupted run's parameters. One kill: each kill
+is the same resume, which the later scenarios repeat; the script's default (3) is for a
+longer hunt by hand."""
 
 import json
 import subprocess
@@ -11,10 +13,10 @@ import pytest
 from tests import fault_injection
 
 
-@pytest.mark.slow(370)  # seconds on the 2-core CI machine
+@pytest.mark.slow(280)  # seconds on the 2-core CI machine
 def test_fault_injection_survives_everything():
     result = subprocess.run(
-        [sys.executable, "-m", "tests.fault_injection", "--kills=3", "--seed=1"],
+        [sys.executable, "-m", "tests.fault_injection", "--kills=1", "--seed=1"],
         cwd=fault_injection.ROOT,
         capture_output=True,
         text=True,
@@ -22,7 +24,7 @@ def test_fault_injection_survives_everything():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(report["sigkill"]["killed_at"]) == 3
+    assert len(report["sigkill"]["killed_at"]) == 1
     damaged = report["corruption"]["damaged"]  # {step: damage}; JSON keys are strings
     assert set(damaged.values()) == {"delete_array_file", "truncate_array_file", "delete_iterator_state"}
     assert report["corruption"]["resumed_from"] < min(int(step) for step in damaged)

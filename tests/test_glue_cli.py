@@ -13,7 +13,7 @@ import pytest
 from data import tokenizers
 from finetune import glue, submission
 from finetune.tasks import TASKS, parse_tasks, read_glue_dir
-from models import pretrained
+from interop import bundle
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel, example_batch
 from tests import cli_run, jitted
@@ -42,7 +42,7 @@ def setup(tmp_path_factory):
     params = jitted.init(
         BertPretrainingModel(config), jax.random.key(0), example_batch(1, 8, 2), deterministic=True
     )
-    pretrained.save_pretrained(
+    bundle.save_pretrained(
         str(root / "pretrained"), config, nn.meta.unbox(params["params"]), tokenizer, step=3
     )
     return root, glue_dir

@@ -4,87 +4,32 @@ loaded (pooler included); sweeps choose by the median and resume without redoing
 import json
 import os
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
 from core import sharding
 from core.errors import ConfigError
-from data import tokenizers
 from finetune import sweep, trainer
 from finetune.model import PretrainedWeightsError
-from finetune.tasks import TASKS, Example
+from finetune.tasks import TASKS
 from models.encoder import EncoderConfig
-from models.pretraining import BertPretrainingModel, example_batch
-from tests import jitted
-
-KEY = "red"
-WORDS = ["green", "blue", "yellow", "cat", "dog", "bird", "fish", "tree", "rock", "house", "road", "lamp"]
-LENGTH = 16
-
-
-def pair_examples(n: int, seed: int, regression: bool = False) -> list[Example]:
-    """Label: does sentence B contain the key word? A holds it half the time as a distractor,
-    so the model must tell the segments apart (a pair task, not a bag of words)."""
-    rng = np.random.default_rng(seed)
-    examples = []
-    for i in range(n):
-        positive = i % 2 == 0
-        a, b = list(rng.choice(WORDS, 5)), list(rng.choice(WORDS, 5))
-        if rng.random() < 0.5:
-            a[rng.integers(5)] = KEY
-        if positive:
-            b[rng.integers(5)] = KEY
-        label = (4.0 if positive else 1.0) if regression else (0 if positive else 1)  # RTE: 0 = entailment
-        examples.append(Example(f"synthetic:{i}", str(i), " ".join(a), " ".join(b), label))
-    return examples
+from tests import finetune_setup
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return tiny_model()
-
-
-def tiny_model():
-    """A WordPiece vocab of the words, a 2-layer hidden-32 config and its random "pretrained" params."""
-    tokenizer = tokenizers.train_wordpiece([[" ".join([KEY, *WORDS])] * 3], 100)
-    config = EncoderConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=LENGTH,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-    )
-    model = BertPretrainingModel(config)
-    params = nn.meta.unbox(
-        jitted.init(model, jax.random.key(0), example_batch(1, 8, 2), deterministic=True)["params"]
-    )
-    return tokenizer, config, jax.device_get(params)
-
-
-def _steps(config, task, mesh_spec=None):
-    return trainer.TaskSteps(
-        config,
-        task,
-        trainer.OptimizerConfig(weight_decay=0.0),
-        LENGTH,
-        sharding.Partitioner.create(mesh_spec),
-        classifier_dropout_rate=0.0,
-    )
+    return finetune_setup.tiny_model()
 
 
 @pytest.mark.slow(20)
 def test_tiny_random_model_learns_a_pair_task(tiny):
     tokenizer, config, params = tiny
     task = TASKS["rte"]
-    train = trainer.featurize(pair_examples(1024, 0), task, tokenizer, LENGTH)
-    dev = trainer.featurize(pair_examples(256, 1), task, tokenizer, LENGTH)
+    train = trainer.featurize(finetune_setup.pair_examples(1024, 0), task, tokenizer, finetune_setup.LENGTH)
+    dev = trainer.featurize(finetune_setup.pair_examples(256, 1), task, tokenizer, finetune_setup.LENGTH)
     result = trainer.finetune(
-        _steps(config, task, "data:4,fsdp:2"),
+        finetune_setup.task_steps(config, task, "data:4,fsdp:2"),
         params,
         train,
         {"dev": dev},
@@ -101,10 +46,19 @@ def test_tiny_random_model_learns_a_pair_task(tiny):
 def test_regression_head_learns_scores(tiny):
     tokenizer, config, params = tiny
     task = TASKS["stsb"]
-    train = trainer.featurize(pair_examples(1024, 2, regression=True), task, tokenizer, LENGTH)
-    dev = trainer.featurize(pair_examples(256, 3, regression=True), task, tokenizer, LENGTH)
+    train = trainer.featurize(
+        finetune_setup.pair_examples(1024, 2, regression=True), task, tokenizer, finetune_setup.LENGTH
+    )
+    dev = trainer.featurize(
+        finetune_setup.pair_examples(256, 3, regression=True), task, tokenizer, finetune_setup.LENGTH
+    )
     result = trainer.finetune(
-        _steps(config, task), params, train, {"dev": dev}, {}, trainer.RunConfig(5e-3, 32, 4, seed=0)
+        finetune_setup.task_steps(config, task),
+        params,
+        train,
+        {"dev": dev},
+        {},
+        trainer.RunConfig(5e-3, 32, 4, seed=0),
     )
     assert result.dev["dev"]["pearson"] > 0.9, result.epochs
     assert result.test_logits == {}
@@ -112,7 +66,7 @@ def test_regression_head_learns_scores(tiny):
 
 def test_pretrained_encoder_and_pooler_are_loaded(tiny):
     tokenizer, config, params = tiny
-    steps = _steps(config, TASKS["mnli"])
+    steps = finetune_setup.task_steps(config, TASKS["mnli"])
     schedule = dict(learning_rate=1e-3, warmup_steps=1, total_steps=10)
     state = steps.init(0, params, **schedule)
     loaded = jax.device_get(state.params)
@@ -157,9 +111,9 @@ def test_sweep_chooses_by_median_over_seeds(tmp_path):
 def test_half_finished_sweep_resumes_without_redoing_runs(tiny, tmp_path):
     tokenizer, config, params = tiny
     task = TASKS["rte"]
-    train = trainer.featurize(pair_examples(128, 0), task, tokenizer, LENGTH)
-    dev = trainer.featurize(pair_examples(64, 1), task, tokenizer, LENGTH)
-    steps = _steps(config, task)
+    train = trainer.featurize(finetune_setup.pair_examples(128, 0), task, tokenizer, finetune_setup.LENGTH)
+    dev = trainer.featurize(finetune_setup.pair_examples(64, 1), task, tokenizer, finetune_setup.LENGTH)
+    steps = finetune_setup.task_steps(config, task)
     trained = []
 
     def train_one(run):

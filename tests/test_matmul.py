@@ -10,8 +10,7 @@ import pytest
 
 from models import matmul
 from models.pretraining import BertPretrainingModel
-from tests import jitted
-from tests.test_models import RNG, TINY, _step, make_batch
+from tests import jitted, tiny
 
 SPECS = {  # every contraction the encoder and its heads run, with small sizes
     "mi,io->mo": ((12, 16), (16, 24)),
@@ -82,31 +81,33 @@ def test_dense_and_einsum_are_flax_modules_parameter_for_parameter():
             nn.Einsum((16, 4, 8), "blh,hnd->blnd", kernel_init=init),
         ),
     ):
-        params = theirs.init(RNG, x)
-        assert jax.tree.map(jnp.shape, ours.init(RNG, x)) == jax.tree.map(jnp.shape, params)
-        assert jax.tree.all(jax.tree.map(jnp.array_equal, ours.init(RNG, x), params))
+        params = theirs.init(tiny.RNG, x)
+        assert jax.tree.map(jnp.shape, ours.init(tiny.RNG, x)) == jax.tree.map(jnp.shape, params)
+        assert jax.tree.all(jax.tree.map(jnp.array_equal, ours.init(tiny.RNG, x), params))
         np.testing.assert_allclose(ours.apply(params, x), theirs.apply(params, x), rtol=1e-6, atol=1e-6)
 
 
 def _model_loss_and_grads(config):
     """(loss, gradients) of test_models' train-step work (dropout on) for `config`."""
     model = BertPretrainingModel(config)
-    batch = make_batch(batch_size=4)
-    _, loss_and_grads = _step(model)(jitted.init(model, RNG, batch, deterministic=True), batch, RNG)
+    batch = tiny.make_batch(batch_size=4)
+    _, loss_and_grads = tiny.loss_and_grads_step(model)(
+        jitted.init(model, tiny.RNG, batch, deterministic=True), batch, tiny.RNG
+    )
     return loss_and_grads
 
 
 def test_model_loss_and_gradients_against_the_float32_step():
-    reference = _model_loss_and_grads(TINY)
+    reference = _model_loss_and_grads(tiny.TINY)
     # float32 compute: the same math whichever accumulation is asked for.
-    same = _model_loss_and_grads(dataclasses.replace(TINY, matmul_accumulation="compute"))
+    same = _model_loss_and_grads(dataclasses.replace(tiny.TINY, matmul_accumulation="compute"))
     for x, y in zip(jax.tree.leaves(same), jax.tree.leaves(reference), strict=True):
         np.testing.assert_array_equal(x, y)
     # bf16 compute: loss and the whole gradient within bf16 tolerance of float32 (the
     # gradient as one vector: some leaves, e.g. key biases, are zero up to round-off).
     flat = lambda tree: jnp.concatenate([x.ravel() for x in jax.tree.leaves(tree)])  # noqa: E731
     for accumulation in ("float32", "compute"):
-        config = dataclasses.replace(TINY, dtype="bfloat16", matmul_accumulation=accumulation)
+        config = dataclasses.replace(tiny.TINY, dtype="bfloat16", matmul_accumulation=accumulation)
         loss, grads = _model_loss_and_grads(config)
         np.testing.assert_allclose(loss, reference[0], rtol=0.02)
         error = jnp.linalg.norm(flat(grads) - flat(reference[1])) / jnp.linalg.norm(flat(reference[1]))

@@ -19,36 +19,9 @@ from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_atte
 from models.pretraining import BertPretrainingModel, abstract_params
 from pretrain import summary, trainer  # noqa: F401  (registers adamw and run for the recipes)
 from tests import jitted
+from tests.tiny import RNG, RULES, TINY, B, L, P, loss_and_grads_step, make_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-# Dimensions chosen so that B*L*V is larger than every other array in the model:
-# then "no array of B*L*V elements" is a sharp test that [B, L, V] never exists.
-B, L, P = 2, 24, 4
-TINY = EncoderConfig(
-    vocab_size=128,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=32,
-)
-RNG = jax.random.key(0)
-
-
-def make_batch(batch_size=B, seed=0, real_len=L - 5):
-    """Random batch: rows of `real_len` real tokens followed by padding."""
-    rs = np.random.RandomState(seed)
-    input_mask = np.zeros((batch_size, L), np.int32)
-    input_mask[:, :real_len] = 1
-    return {
-        "input_ids": (rs.randint(1, TINY.vocab_size, (batch_size, L)) * input_mask).astype(np.int32),
-        "input_mask": input_mask,
-        "segment_ids": (np.arange(L)[None, :] >= real_len // 2).astype(np.int32) * input_mask,
-        "masked_lm_positions": np.sort(
-            np.stack([rs.choice(real_len, P, replace=False) for _ in range(batch_size)]), axis=1
-        ).astype(np.int32),
-    }
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +48,7 @@ def tiny():
         ({"num_layers": 0}, "num_layers"),
         ({"sharing": "layers"}, "sharing"),
         ({"embedding_size": 0}, "embedding_size"),
-        ({"position_offset": 32}, "position_offset"),
+        ({"position_offset": 64}, "position_offset"),
         ({"position_offset": -1}, "position_offset"),
     ],
 )
@@ -207,7 +180,10 @@ def test_without_sentence_head(tiny):
     assert set(abstract_params(TINY, sentence_head=False)) == {"encoder", "mlm_head"}
     params = {k: v for k, v in tiny[1]["params"].items() if k != "sentence_head"}
     out = jitted.apply(
-        BertPretrainingModel(TINY, sentence_head=False), {"params": params}, make_batch(), deterministic=True
+        BertPretrainingModel(TINY, sentence_head=False),
+        {"params": params},
+        make_batch(),
+        deterministic=True,
     )
     assert set(out) == {"mlm_logits"}
 
@@ -541,38 +517,12 @@ def test_dropout_and_determinism(tiny):
 
 # --- sharding --------------------------------------------------------------------------
 
-RULES = (
-    (axes.BATCH, ("data", "fsdp")),
-    (axes.EMBED, "fsdp"),
-    (axes.MLP, "tensor"),
-    (axes.HEADS, "tensor"),
-    (axes.VOCAB, "tensor"),
-    (axes.LENGTH, None),
-    (axes.KV, None),
-    (axes.PREDICTIONS, None),
-)
-
-
-def _step(model):
-    """Deterministic logits, plus loss and gradients with dropout: a train step's work."""
-
-    def loss_fn(variables, batch, rng):
-        out = jitted.apply(model, variables, batch, deterministic=False, rngs={"dropout": rng})
-        return out["mlm_logits"].mean() + out["sentence_logits"].mean()
-
-    def step(variables, batch, rng):
-        return jitted.apply(model, variables, batch, deterministic=True), jax.value_and_grad(loss_fn)(
-            variables, batch, rng
-        )
-
-    return jax.jit(step)
-
 
 @pytest.fixture(scope="module")
 def single_device(tiny):
     model, variables = tiny
     batch = make_batch(batch_size=8)
-    return batch, variables, _step(model)(variables, batch, RNG)
+    return batch, variables, loss_and_grads_step(model)(variables, batch, RNG)
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
@@ -590,7 +540,7 @@ def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
         )
         variables = jax.jit(init_fn, out_shardings=shardings)(RNG)
         sharded_batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
-        actual = _step(model)(variables, sharded_batch, RNG)
+        actual = loss_and_grads_step(model)(variables, sharded_batch, RNG)
 
     table = variables["params"]["encoder"]["embeddings"]["word_embeddings"]["embedding"].value
     assert table.sharding.spec == PartitionSpec("tensor", "fsdp")

@@ -259,7 +259,7 @@ ELECTRA_TINY = EncoderConfig(
 
 def _electra_finetuning_params(config=ELECTRA_TINY) -> dict:
     """The fine-tuning tree of ClassifierModel (3 classes), abstract and unboxed."""
-    from finetune.model import ClassifierModel
+    from models.classifier import ClassifierModel
 
     inputs = {k: jnp.zeros((1, 8), jnp.int32) for k in ("input_ids", "input_mask", "segment_ids")}
     model = ClassifierModel(config, 3)

@@ -1,7 +1,11 @@
 """data.preprocess: corpus + tokenizer -> shards + manifest; no-op re-runs; clear errors."""
 
+import hashlib
 import json
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -148,6 +152,176 @@ def test_a_shard_left_empty_by_the_hash_is_an_error(tmp_path, tokenizer_dir):
             eval_fraction=0.0,
             num_workers=1,
         )
+
+
+def test_shard_writer_routes_counts_and_sorts_documents(tmp_path):
+    writer = preprocess.ShardWriter(str(tmp_path), {"train": 2, "eval": 1}, vocab_size=12)
+    batch = preprocess.DocumentBatch(
+        documents=[(0, ["a b", "c"]), (1, ["d"]), (2, ["e"]), (3, ["f", "g"]), (4, ["h i"])],
+        heldout=[False, False, True, False, False],
+        sources=["s0", "s1", "s2", "s3", "s4"],
+        # (shard key, order key): documents 0 and 4 share train shard 0, 4 sorts first.
+        keys=[(0, 5), (1, 7), (4, 1), (2, 3), (2, 2)],
+    )
+    tokenized = [(0, [[5, 6], [7]], 0), (1, [[8]], 1), (2, [[9]], 0), (3, [], 2), (4, [[10, 10]], 0)]
+    writer.write(batch, tokenized)
+    writer.close()
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        os.path.basename(path) + ".unsorted" for path in writer.all_paths
+    )
+    assert writer.per_shard == {"train": [2, 1], "eval": [1]}
+    assert (writer.dropped_sentences, writer.dropped_documents, writer.first_single) == (3, 1, "s1")
+    # Train tokens per id; the held-out document's 9 is not counted.
+    assert writer.unigrams.tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0]
+    counts = writer.manifest_counts()
+    assert counts["splits"] == {
+        "train": {
+            "files": ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"],
+            "documents": 3,
+            "sentences": 4,
+            "tokens": 6,
+            "single_sentence_documents": 2,
+        },
+        "eval": {
+            "files": ["eval-00000-of-00001.tfrecord"],
+            "documents": 1,
+            "sentences": 1,
+            "tokens": 1,
+            "single_sentence_documents": 1,
+        },
+    }
+    assert (counts["dropped_empty_sentences"], counts["dropped_empty_documents"]) == (3, 1)
+    assert counts[shards.UNIGRAM_COUNTS] == writer.unigrams.tolist()
+    for path in writer.all_paths:
+        preprocess._sort_shard(path)
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(path) for path in writer.all_paths)
+
+    def read(name):
+        records = tf.data.TFRecordDataset(str(tmp_path / name)).map(instances.parse_document)
+        return [(int(d["doc_id"]), d["token_ids"].tolist()) for d in records.as_numpy_iterator()]
+
+    assert read("train-00000-of-00002.tfrecord") == [(4, [10, 10]), (0, [5, 6, 7])]
+    assert read("train-00001-of-00002.tfrecord") == [(1, [8])]
+    assert read("eval-00000-of-00001.tfrecord") == [(2, [9])]
+
+
+def test_shard_writer_removes_its_unsorted_files(tmp_path):
+    writer = preprocess.ShardWriter(str(tmp_path), {"train": 2, "eval": 1}, vocab_size=12)
+    writer.write(preprocess.DocumentBatch([(0, ["a"])], [False], ["s"], [(0, 0)]), [(0, [[5]], 0)])
+    writer.close()
+    writer.remove_unsorted()
+    assert os.listdir(tmp_path) == []
+
+
+def _records_digest(path):
+    """sha256 of a shard's records in order, each serialized deterministically: a plain
+    SerializeToString writes the feature map in an order that differs between processes."""
+    digest = hashlib.sha256()
+    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        digest.update(tf.train.Example.FromString(record).SerializeToString(deterministic=True))
+    return digest.hexdigest()
+
+
+# The output for this corpus and options as data/preprocess.py wrote it before ShardWriter
+# (its records, their order, and manifest.json with the fingerprint, the seconds and the
+# corpus's directory masked): what preprocessing writes must not change.
+PINNED_SHARDS = {
+    "train-00000-of-00003.tfrecord": "3899e9ed1b268f97e1c013821ef00fc9a8947484c403518c4e59de6943d83bf6",
+    "train-00001-of-00003.tfrecord": "0120bbe50072d0dbb64b1838c4352c0e0ea6dfd99bd999c588827ec93c219b5e",
+    "train-00002-of-00003.tfrecord": "33c5e8493e486e890721c3fbdfa4b16f954acde7831e11f916ac38f0a02cff2f",
+    "eval-00000-of-00002.tfrecord": "37d530d334507d1be844451aa72336c588eef1e8d5c7370dfa3b2dc173403314",
+    "eval-00001-of-00002.tfrecord": "a53029e7ef07af9b7ee1a707ad2e14abcb5165805c102ba64474dc225bcb2e0e",
+}
+PINNED_MANIFEST = "6b78b360bcc10c126bf1ff2ffa879a6d3385adae6e68b7827abf5cf6eab16f1e"
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_output_is_pinned(tmp_path, tokenizer_dir, num_workers):
+    _write_corpus(tmp_path / "corpus.txt", num_docs=40)
+    out = str(tmp_path / "out")
+    manifest = preprocess.preprocess(
+        str(tmp_path / "corpus.txt"),
+        tokenizer_dir,
+        out,
+        num_shards=3,
+        num_eval_shards=2,
+        eval_fraction=0.2,
+        num_workers=num_workers,
+        log=lambda *_: None,
+    )
+    names = manifest.splits["train"]["files"] + manifest.splits["eval"]["files"]
+    assert {name: _records_digest(os.path.join(out, name)) for name in names} == PINNED_SHARDS
+    with open(os.path.join(out, shards.MANIFEST)) as f:
+        text = re.sub(r'"(fingerprint|seconds)": [^,\n]+', r'"\1": null', f.read())
+    assert hashlib.sha256(text.replace(str(tmp_path), "TMP").encode()).hexdigest() == PINNED_MANIFEST
+
+
+# `python THIS_SCRIPT ARGS` runs data.preprocess with one step wrapped so that the worker
+# given the first batch (or the first shard to sort) SIGKILLs itself, as the out-of-memory
+# killer would. Spawned workers run this script's top level too (as __mp_main__), so the
+# wrapper that the main process hands them exists there.
+_KILL_SCRIPT = """
+import os, signal, sys
+
+from data import preprocess
+
+STEP = os.environ["KILLED_STEP"]
+_step = getattr(preprocess, STEP)
+
+
+def _killed_on_the_first(work):
+    first = work[0][0] == 0 if STEP == "_tokenize_batch" else work.endswith("train-00000-of-00008.tfrecord")
+    if first:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _step(work)
+
+
+setattr(preprocess, STEP, _killed_on_the_first)
+
+if __name__ == "__main__":
+    sys.exit(preprocess.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow(20)
+@pytest.mark.parametrize(
+    "step, lost",
+    [
+        ("_tokenize_batch", "tokenizing documents 0-63"),
+        ("_sort_shard", "sorting train-00000-of-00008.tfrecord"),
+    ],
+)
+def test_a_killed_worker_is_one_error_line_not_a_hang(tmp_path, tokenizer_dir, step, lost):
+    # multiprocessing.Pool replaced the dead worker and waited forever for its result.
+    _write_corpus(tmp_path / "c.txt", num_docs=300)
+    (tmp_path / "kill.py").write_text(_KILL_SCRIPT)
+    out = tmp_path / "o"
+    args = [
+        f"--corpus={tmp_path / 'c.txt'}",
+        f"--tokenizer={tokenizer_dir}",
+        f"--output={out}",
+        "--num_workers=2",
+    ]
+    env = dict(os.environ, KILLED_STEP=step, PYTHONPATH=ROOT)
+    try:
+        result = subprocess.run(
+            [sys.executable, str(tmp_path / "kill.py"), *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("preprocessing hung after a worker was killed")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert f"a preprocessing worker process died while {lost}" in errors[0]
+    assert "out-of-memory" in errors[0] and "fewer --num_workers (now 2) or more memory" in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not (out / shards.MANIFEST).exists()  # the shards are not presented as complete
+    assert not [name for name in os.listdir(out) if name.endswith(".unsorted")]
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_recipe_trains_with_its_tokenizer(recipe_data):
         )
         data = PipelineConfig()
         config = EncoderConfig()
-        summary = trainer.run(str(root / "run"), data_dir=data_dir)
+        summary = trainer.run(str(root / "run"), trainer.RunSettings(data_dir=data_dir))
     finally:
         gin.clear_config()
     assert summary["step"] == 3 and np.isfinite(summary["loss"])

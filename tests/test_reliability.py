@@ -2,11 +2,16 @@
 agreement, in process. Kills, preemption and damaged checkpoints of real runs are in
 tests/fault_injection.py (run by tests/test_fault_injection.py)."""
 
+import asyncio
 import collections
 import dataclasses
 import logging
 import os
+import re
 import signal
+import subprocess
+import sys
+import types
 
 import jax
 import numpy as np
@@ -16,10 +21,10 @@ import tensorflow as tf
 
 from core import checkpointing, preemption
 from data import pipeline
-from models import pretrained
+from interop import bundle
 from models.encoder import EncoderConfig
 from pretrain.monitor import DivergedError
-from tests.test_train import DATA, TINY, _run, data_dir  # noqa: F401  (data_dir is a fixture)
+from tests import tiny
 
 
 @pytest.fixture
@@ -50,10 +55,10 @@ def poisoned_steps(monkeypatch):
 
 
 @pytest.mark.slow(15)
-def test_non_finite_loss_stops_and_never_saves_it(tmp_path, data_dir, poisoned_steps):  # noqa: F811
+def test_non_finite_loss_stops_and_never_saves_it(tmp_path, synthetic_shards, poisoned_steps):
     poisoned_steps.extend([7])
     with pytest.raises(DivergedError) as error:
-        _run(tmp_path, data_dir, steps=12, checkpoint_every=5, log_every=100)
+        tiny.run(tmp_path, synthetic_shards, steps=12, checkpoint_every=5, log_every=100)
     message = str(error.value)
     assert "non-finite loss nan" in message and "at step 7" in message
     assert f"last good checkpoint: step 5 in {tmp_path}/checkpoints" in message
@@ -63,10 +68,10 @@ def test_non_finite_loss_stops_and_never_saves_it(tmp_path, data_dir, poisoned_s
 
 
 @pytest.mark.slow(15)
-def test_skip_policy_skips_and_logs_each_step(tmp_path, data_dir, poisoned_steps, caplog):  # noqa: F811
+def test_skip_policy_skips_and_logs_each_step(tmp_path, synthetic_shards, poisoned_steps, caplog):
     poisoned_steps.extend([3, 8])
     with caplog.at_level(logging.WARNING, logger="pretrain.monitor"):
-        summary = _run(tmp_path, data_dir, steps=10, max_skipped_steps=2)
+        summary = tiny.run(tmp_path, synthetic_shards, steps=10, max_skipped_steps=2)
     skipped = [r.getMessage() for r in caplog.records if "update skipped" in r.getMessage()]
     assert [m.split(":")[0] for m in skipped] == ["step 3", "step 8"]
     assert summary["skipped_steps"] == 2 and np.isfinite(summary["loss"])
@@ -81,42 +86,44 @@ def test_skip_policy_skips_and_logs_each_step(tmp_path, data_dir, poisoned_steps
 
 
 @pytest.mark.slow(15)
-def test_skip_budget_exhausted_stops(tmp_path, data_dir, poisoned_steps):  # noqa: F811
+def test_skip_budget_exhausted_stops(tmp_path, synthetic_shards, poisoned_steps):
     poisoned_steps.extend([3, 6])
     with pytest.raises(DivergedError, match=r"at step 6 after 1 skipped steps \(run.max_skipped_steps = 1\)"):
-        _run(tmp_path, data_dir, steps=10, max_skipped_steps=1)
+        tiny.run(tmp_path, synthetic_shards, steps=10, max_skipped_steps=1)
 
 
 @pytest.mark.slow(15)
-def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, data_dir):  # noqa: F811
-    _run(tmp_path, data_dir, steps=5)
+def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, synthetic_shards):
+    tiny.run(tmp_path, synthetic_shards, steps=5)
     described = {name: (tmp_path / name).read_text() for name in ("model_config.json", "config.gin")}
-    wider = EncoderConfig(**{**TINY.__dict__, "intermediate_size": 48})
+    wider = EncoderConfig(**{**tiny.TINY.__dict__, "intermediate_size": 48})
     with pytest.raises(
         checkpointing.CheckpointError,
         match=r"has parameter encoder/layer_0/intermediate/bias of shape \(64,\), the config gives \(48,\)",
     ):
-        _run(tmp_path, data_dir, steps=10, model_config=wider)
+        tiny.run(tmp_path, synthetic_shards, steps=10, model_config=wider)
     assert os.listdir(tmp_path / "checkpoints") == ["5"]
     assert not os.path.exists(tmp_path / checkpointing.BAD_CHECKPOINTS)
     # The refused run left the workdir's description of its checkpoints as it was.
     assert {name: (tmp_path / name).read_text() for name in described} == described
-    assert pretrained.load_model_config(str(tmp_path)).intermediate_size == TINY.intermediate_size
+    assert bundle.load_model_config(str(tmp_path)).intermediate_size == tiny.TINY.intermediate_size
 
 
 @pytest.mark.slow(20)
-def test_data_position_of_another_pipeline_is_an_error_not_damage(tmp_path, data_dir, caplog):  # noqa: F811
+def test_data_position_of_another_pipeline_is_an_error_not_damage(tmp_path, synthetic_shards, caplog):
     """A changed input pipeline cannot read the saved data position: one error line and
     every checkpoint stays where it is (it is not damaged); run.reset_data_iterator keeps
     the model and optimizer state and restarts the data stream."""
-    _run(tmp_path, data_dir, steps=5)
-    unshuffled = dataclasses.replace(DATA, instance_shuffle_buffer=1)  # another dataset graph
+    tiny.run(tmp_path, synthetic_shards, steps=5)
+    unshuffled = dataclasses.replace(tiny.DATA, instance_shuffle_buffer=1)  # another dataset graph
     with pytest.raises(checkpointing.IteratorMismatchError, match="holds the data position of another input"):
-        _run(tmp_path, data_dir, steps=10, pipeline_config=unshuffled)
+        tiny.run(tmp_path, synthetic_shards, steps=10, pipeline_config=unshuffled)
     assert os.listdir(tmp_path / "checkpoints") == ["5"]
     assert not os.path.exists(tmp_path / checkpointing.BAD_CHECKPOINTS)
     with caplog.at_level(logging.INFO):
-        summary = _run(tmp_path, data_dir, steps=10, pipeline_config=unshuffled, reset_data_iterator=True)
+        summary = tiny.run(
+            tmp_path, synthetic_shards, steps=10, pipeline_config=unshuffled, reset_data_iterator=True
+        )
     assert summary["step"] == 10 and "resumed from step 5" in caplog.text
     assert "the data stream restarts from its beginning" in caplog.text
 
@@ -129,6 +136,117 @@ def test_failed_save_names_the_last_checkpoint_complete_on_disk(tmp_path):
         (tmp_path / "checkpoints" / name).mkdir(parents=True)
     error = ckpt._save_error(8, OSError("File too large"))
     assert "the last complete checkpoint is step 4:" in str(error)
+
+
+# A save that the disk cannot hold: step 1 is written, then a file-size limit (RLIMIT_FSIZE,
+# as tests/fault_injection.py's disk-full scenario sets) makes orbax's background writes of
+# step 2 fail, as a full disk does; the tool is a CLI entry like every other.
+_FULL_DISK_SAVE = """
+import resource, signal, sys
+import jax
+import tensorflow as tf
+from core import checkpointing, cli
+
+def run(args):
+    cli.setup_logging()
+    state = {f"w{i}": jax.random.normal(jax.random.key(i), (64, 256)) for i in range(12)}
+    iterator = iter(tf.data.Dataset.range(10))
+    ckpt = checkpointing.Checkpointer(args.workdir)
+    ckpt.save(1, state, iterator)
+    ckpt.wait()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+    ckpt.save(2, state, iterator)  # 64 KiB arrays: their writes fail in orbax's threads
+    ckpt.close()
+
+def build_parser():
+    parser = cli.parser("", "full_disk_save")
+    parser.add_argument("workdir")
+    return parser
+
+sys.exit(cli.entry(build_parser, run)())
+"""
+
+
+@pytest.mark.slow(15)
+def test_full_disk_during_an_async_save_is_one_error_line(tmp_path):
+    """orbax's writer threads log the failure with tracebacks, asyncio logs the write tasks
+    nobody awaited, tensorstore prints "Event loop is closed" for the pending writes: the
+    user sees only the one `error:` line (stderr is a pipe, as in a terminal: a file would
+    itself be cut by the size limit)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_SAVE, str(tmp_path)],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-5000:]
+    assert errors[0].startswith("error: saving checkpoint 2 in ")
+    assert "the last complete checkpoint is step 1: free space" in errors[0]
+    # Nothing else about the failure (orbax may warn, on a busy machine, that waiting for
+    # the save of step 1 took long: that stays).
+    others = [line for line in result.stderr.splitlines() if not line.startswith("error:")]
+    noise = [line for line in others if re.search("error|exception|traceback|event loop", line, re.I)]
+    assert not noise, result.stderr[-5000:]
+    assert sorted(os.listdir(tmp_path / "checkpoints"))[0] == "1"
+
+
+def test_reports_of_a_save_are_held_then_released_or_debug(caplog):
+    """What the quieting holds is never lost: orbax's error reports during a save go out as
+    they came when the save succeeds, to DEBUG when it fails (the caller reports it in one
+    line); errors of other code, and orbax's outside a save, pass at once."""
+    reports = checkpointing._SaveReports()
+    orbax_file = os.path.join(os.path.dirname(ocp.__file__), "checkpoint_manager.py")
+
+    def report(message, pathname=orbax_file, name="absl"):
+        record = logging.makeLogRecord(
+            dict(name=name, levelno=logging.ERROR, levelname="ERROR", msg=message, pathname=pathname)
+        )
+        logging.getLogger(name).handle(record)
+
+    def shown():
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+    caplog.set_level(logging.DEBUG)
+    try:
+        reports.begin()
+        reports.end(failed=False)  # installed, no save in flight
+        report("orbax outside a save")
+        report("another library", pathname=__file__)
+        assert shown() == ["orbax outside a save", "another library"]
+        reports.begin()
+        report("held, then released")
+        report("another library during a save", pathname=__file__)
+        assert shown()[2:] == ["another library during a save"]
+        reports.end(failed=False)
+        assert shown()[3:] == ["held, then released"]
+        reports.begin()
+        report("held, then debug")
+        reports.end(failed=True)
+        report("after the failure")  # the failed save's stragglers
+        assert len(shown()) == 4
+        debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+        assert debug[-2:] == [
+            "orbax, of the failed save: held, then debug",
+            "orbax, of the failed save: after the failure",
+        ]
+        loop = asyncio.new_event_loop()
+        loop.close()
+        try:
+            loop.call_soon_threadsafe(print)
+        except RuntimeError as e:
+            closed = types.SimpleNamespace(exc_type=RuntimeError, exc_value=e, exc_traceback=e.__traceback__)
+        assert checkpointing._on_a_closed_loop(closed)
+        other = RuntimeError("elsewhere")
+        assert not checkpointing._on_a_closed_loop(
+            types.SimpleNamespace(exc_type=RuntimeError, exc_value=other, exc_traceback=None)
+        )
+    finally:
+        for name in ("absl", "asyncio"):
+            logging.getLogger(name).removeFilter(reports)
+        sys.unraisablehook = reports._previous_hook
 
 
 def test_unwritable_workdir_is_reported_before_anything_runs(tmp_path):

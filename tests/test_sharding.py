@@ -8,76 +8,24 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from core import optim, sharding
+from core import sharding
 from data import pipeline, shards, synthetic
 from data.pipeline import PipelineConfig
-from models.encoder import EncoderConfig
-from pretrain import step
 from pretrain.objectives import MaskedLM
+from tests import mesh_training
 
-# 8 heads and dims divisible by 8 so that tensor:8 is possible; no dropout so that every
-# layout computes the same function.
-TINY = EncoderConfig(
-    vocab_size=256,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=8,
-    intermediate_size=64,
-    max_position_embeddings=32,
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-)
-B, L, P = 16, 24, 4
+TINY, B, L, P = mesh_training.SHARDABLE, mesh_training.B, mesh_training.L, mesh_training.P
 
 
-def _batches(n, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        mask = (np.arange(L)[None] < rng.integers(8, L + 1, size=(B, 1))).astype(np.int32)
-        out.append(
-            {
-                "input_ids": (rng.integers(5, TINY.vocab_size, size=(B, L)) * mask).astype(np.int32),
-                "input_mask": mask,
-                "segment_ids": ((np.arange(L)[None] > 4) * mask).astype(np.int32),
-                "positions": np.broadcast_to(np.arange(L, dtype=np.int32), (B, L)).copy(),
-                "masked_lm_positions": np.sort(rng.choice(8, size=(B, P), replace=True), axis=1).astype(
-                    np.int32
-                ),
-                "masked_lm_ids": rng.integers(5, TINY.vocab_size, size=(B, P)).astype(np.int32),
-                "masked_lm_weights": (rng.random((B, P)) < 0.8).astype(np.float32),
-                "sentence_label": rng.integers(0, 2, size=(B,)).astype(np.int32),
-            }
-        )
-    return out
-
-
-def _train(mesh, batches, config=TINY, microbatches=1, objective=None):
-    """One step per batch of `objective` (default: MaskedLM on `config`) on `mesh`: (state, losses)."""
-    # Adam's first steps are ~lr * sign(g): gradients that are rounding noise around 0 would
-    # flip sign between layouts (reductions run in another order). A large eps makes the
-    # update continuous in g, so the comparison tests the sharding, not the noise.
-    optimizer, schedule = optim.adamw(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
-    partitioner = sharding.Partitioner(mesh, sharding.logical_axis_rules())
-    objective = objective or MaskedLM(config, PipelineConfig(max_seq_length=L, max_predictions_per_seq=P))
-    steps = step.build(
-        objective=objective,
-        optimizer=optimizer,
-        schedule=schedule,
-        partitioner=partitioner,
-        microbatches=microbatches,
-    )
-    state, losses = steps.states(jax.random.key(0)), []
-    with partitioner:
-        for batch in batches:
-            state, metrics = steps.train_step(state, partitioner.global_batch(batch), jax.random.key(1))
-            losses.append(float(metrics["loss"]))
-    return state, losses
+def _train(mesh, batches, config=TINY, microbatches=1):
+    """MaskedLM on `config`, one step per batch on `mesh`: (state, losses)."""
+    objective = MaskedLM(config, PipelineConfig(max_seq_length=L, max_predictions_per_seq=P))
+    return mesh_training.train(mesh, batches, objective, microbatches)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    batches = _batches(3)
+    batches = mesh_training.mlm_batches(3)
     state, losses = _train(sharding.make_mesh(None, jax.devices()[:1]), batches)
     return batches, jax.device_get(state.params), losses
 
@@ -166,7 +114,7 @@ def test_bad_mesh(spec, message):
 
 def test_global_batch_is_the_local_rows_on_the_mesh():
     mesh = sharding.make_mesh("data:2,fsdp:4")
-    batch = _batches(1)[0]
+    batch = mesh_training.mlm_batches(1)[0]
     arrays = sharding.global_batch(batch, mesh)
     for key, value in batch.items():
         np.testing.assert_array_equal(np.asarray(arrays[key]), value)

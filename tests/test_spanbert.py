@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from core import optim, sharding
+from core import optim
 from core.errors import ConfigError
-from data import corpora, masking, pipeline, preprocess, shards, tokenizers
+from data import masking, pipeline, preprocess, shards, tokenizers
 from data.pipeline import PipelineConfig
 from models.encoder import EncoderConfig
 from pretrain.objectives import SpanBoundary
-from tests import objective_runs, test_sharding
+from tests import jitted, mesh_training, tiny
 
 CLS, SEP, PAD, MASK = 2, 3, 0, 4
 VOCAB = 400
@@ -479,13 +479,15 @@ def _batch(batch_size, seed=0):
 
 def test_loss_is_mlm_mean_plus_sbo_sum_over_targets_plus_one():
     objective = SpanBoundary(TINY, DATA)
-    params = flax.linen.meta.unbox(objective.init(jax.random.key(0)))
+    params = flax.linen.meta.unbox(jax.jit(objective.init)(jax.random.key(0)))
     batch = _batch(4)
     assert set(objective.batch_spec(4, L, P)) <= set(batch)
-    outputs = objective.module.apply({"params": params}, batch, deterministic=True)
-    loss, sums = objective.loss(
-        params, batch, {"dropout": jax.random.key(1)}, objective.normalizers(batch), train=False
-    )
+    outputs = jitted.apply(objective.module, {"params": params}, batch, deterministic=True)
+    loss, sums = jax.jit(
+        lambda p: objective.loss(
+            p, batch, {"dropout": jax.random.key(1)}, objective.normalizers(batch), train=False
+        )
+    )(params)
 
     def nll(logits, ids):
         logits = np.asarray(logits, np.float64)
@@ -531,56 +533,14 @@ def test_schedule_is_spanberts_polynomial_decay():
         assert "adamw.schedule = 'bert'" in f.read()
 
 
-def _train(mesh, batches, microbatches=1):
-    state, losses = test_sharding._train(
-        mesh, batches, microbatches=microbatches, objective=SpanBoundary(TINY, DATA)
-    )
-    return jax.device_get(state.params), losses
-
-
 @pytest.mark.slow(30)
 def test_microbatched_and_sharded_steps_equal_the_single_device_step():
-    batches = [_batch(16, seed=s) for s in range(2)]
-    params, losses = _train(sharding.make_mesh(None, jax.devices()[:1]), batches)
-    for spec, micro in (("data:2,fsdp:2,tensor:2", 1), ("data:4,fsdp:2", 4)):
-        other, other_losses = _train(sharding.make_mesh(spec), batches, microbatches=micro)
-        np.testing.assert_allclose(other_losses, losses, rtol=1e-5, err_msg=spec)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), other, params)
+    mesh_training.assert_layouts_equal_one_device(
+        lambda: SpanBoundary(TINY, DATA), [_batch(16, seed=s) for s in range(2)]
+    )
 
 
 # ---- the pipeline on real WordPiece shards ------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def text_shards(tmp_path_factory):
-    base = tmp_path_factory.mktemp("spanbert")
-    docs = [d.sentences for d in corpora.demo_documents()[:80]]
-    tokenizers.train_wordpiece(docs, 600).save(str(base / "tokenizer"))
-    corpus = base / "corpus.txt"
-    corpus.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
-    data_dir = str(base / "data")
-    preprocess.preprocess(
-        str(corpus),
-        str(base / "tokenizer"),
-        data_dir,
-        num_shards=2,
-        eval_fraction=0.1,
-        num_workers=1,
-        log=lambda m: None,
-    )
-    return data_dir
-
-
-SPANBERT_ROWS = PipelineConfig(
-    max_seq_length=64,
-    format="doc_sentences",
-    pack_examples=False,
-    sentence_objective="none",
-    masking_unit="span",
-    masking="dynamic",
-    document_shuffle_buffer=10,
-    instance_shuffle_buffer=20,
-)
 
 
 def test_manifest_keeps_the_train_unigram_counts(text_shards, tmp_path):
@@ -599,7 +559,7 @@ def test_manifest_keeps_the_train_unigram_counts(text_shards, tmp_path):
     del fields[shards.UNIGRAM_COUNTS]
     shards.write_manifest(str(old), fields)
     with pytest.raises(shards.ShardsError, match="run data.preprocess again"):
-        pipeline.make_dataset(str(old), "train", SPANBERT_ROWS, 4)
+        pipeline.make_dataset(str(old), "train", tiny.SPAN_DATA, 4)
     tokenizer_dir = str(old / shards.TOKENIZER_DIR)
     messages = []
     again = preprocess.preprocess(
@@ -617,10 +577,10 @@ def test_manifest_keeps_the_train_unigram_counts(text_shards, tmp_path):
 
 def test_pipeline_rows_are_single_blocks_with_span_keys(text_shards):
     tokenizer = tokenizers.load_tokenizer(f"{text_shards}/tokenizer")
-    batch = next(iter(pipeline.make_dataset(text_shards, "train", SPANBERT_ROWS, 16)))
+    batch = next(iter(pipeline.make_dataset(text_shards, "train", tiny.SPAN_DATA, 16)))
     batch = {k: v.numpy() for k, v in batch.items()}
     assert "example_ids" not in batch and "sentence_label" not in batch
-    assert set(SpanBoundary(TINY, SPANBERT_ROWS).batch_spec(16, 64, 12)) <= set(batch)
+    assert set(SpanBoundary(TINY, tiny.SPAN_DATA).batch_spec(16, 64, 12)) <= set(batch)
     for b in range(16):
         n = int(batch["input_mask"][b].sum())
         ids = batch["input_ids"][b]
@@ -628,30 +588,6 @@ def test_pipeline_rows_are_single_blocks_with_span_keys(text_shards):
         assert not np.isin(ids[1 : n - 1], [tokenizer.cls_id, tokenizer.sep_id]).any(), "one block a row"
         assert (batch["segment_ids"][b] == 0).all()
         count = int(batch["masked_lm_weights"][b].sum())
-        assert count == min(SPANBERT_ROWS.max_predictions_per_seq, math.ceil((n - 2) * 0.15))
+        assert count == min(tiny.SPAN_DATA.max_predictions_per_seq, math.ceil((n - 2) * 0.15))
         targets = batch["sbo_weights"][b] > 0
         assert (batch["sbo_left"][b][targets] >= 1).all() and (batch["sbo_right"][b][targets] <= n - 2).all()
-
-
-def _run(workdir, data_dir, steps):
-    config = dataclasses.replace(TINY, vocab_size=shards.load_manifest(data_dir).vocab_size, dropout_rate=0.1)
-    return objective_runs.run(
-        workdir,
-        data_dir,
-        steps,
-        objective=SpanBoundary,
-        model_config=config,
-        pipeline_config=SPANBERT_ROWS,
-        batch_size=8,
-    )
-
-
-@pytest.mark.slow(60)
-def test_resume_after_stop_equals_uninterrupted_run(tmp_path, text_shards):
-    full = _run(tmp_path / "full", text_shards, steps=10)
-    assert full["objective"] == "SpanBoundary" and "sbo_accuracy" in full["eval"]
-    first = _run(tmp_path / "split", text_shards, steps=6)
-    assert first["params_sha256"] != full["params_sha256"]
-    resumed = _run(tmp_path / "split", text_shards, steps=10)
-    assert resumed["resumed_from"] == 6
-    assert resumed["params_sha256"] == full["params_sha256"]

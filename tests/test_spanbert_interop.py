@@ -28,20 +28,11 @@ from core import sharding
 from data import tokenizers
 from finetune import trainer
 from finetune.tasks import TASKS
-from models import convert, predict
-from models import pretrained as workdir_lib
+from interop import bundle, convert, predict
+from interop.convert import cli as convert_cli
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel, example_batch, resize_vocab_rows
-from tests import jitted
-from tests.test_convert import (
-    _bert_config,
-    _encode_lines,
-    _hf_outputs,
-    _inputs,
-    _max_diffs,
-    _our_outputs,
-    _randomize,
-)
+from tests import hf_parity, jitted
 
 transformers.utils.logging.disable_progress_bar()
 TOLERANCE = 1e-5  # max abs diff in float32; measured values are printed with -s
@@ -102,12 +93,12 @@ def published(tmp_path_factory):
     """A random BertModel written as SpanBERT's release, its import through the command
     line, and the transformers model read back from that folder."""
     root = tmp_path_factory.mktemp("spanbert")
-    config = _bert_config()
-    source = _randomize(transformers.BertModel(config), seed=7)
+    config = hf_parity.bert_config()
+    source = hf_parity.randomize(transformers.BertModel(config), seed=7)
     directory = str(root / "spanbert_hf")
     _write_published_folder(source, directory)
     workdir = str(root / "imported")
-    assert convert.main(["import", f"--from=hf:{directory}", f"--workdir={workdir}"]) == 0
+    assert convert_cli.main(["import", f"--from=hf:{directory}", f"--workdir={workdir}"]) == 0
     # What users of the release do: transformers' BertModel on the folder.
     theirs, info = transformers.BertModel.from_pretrained(directory, output_loading_info=True)
     # Everything but the pooler (which the release does not have) comes from the file.
@@ -124,11 +115,11 @@ def test_published_folder_imports_as_bert(published, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="convert"):
         fmt, config, params, groups = convert.read_hf_model(directory)
     assert "config.json has no model_type; its keys and weight names are BERT's: read as BERT" in caplog.text
-    assert fmt is convert.BERT and groups == []  # the encoder only: no pooler, no MLM head
+    assert fmt is convert.FORMATS["bert"] and groups == []  # the encoder only: no pooler, no MLM head
     assert (config.hidden_act, config.layer_norm_eps, config.vocab_size) == ("gelu", 1e-12, 64)
     info = json.load(open(os.path.join(workdir, convert.CONVERTED_FROM)))
     assert info["model_type"] == "bert" and info["groups"] == []
-    pretrained = workdir_lib.load_pretrained(workdir)
+    pretrained = bundle.load_pretrained(workdir)
     assert set(pretrained.params) == {"encoder"} and "pooler" not in pretrained.params["encoder"]
     # Cased: inferred from the vocab (no tokenizer_config.json), as transformers' cased tokenizer.
     assert pretrained.tokenizer.identity()["lowercase"] is False
@@ -139,28 +130,32 @@ def test_published_folder_imports_as_bert(published, tmp_path, caplog):
     assert pretrained.tokenizer.unk_id not in ids
     assert pretrained.tokenizer.encode("paris") == [pretrained.tokenizer.unk_id]  # no lowercasing
     # Our encoder gives transformers' last hidden state (its pooler is random: not compared).
-    inputs = _inputs()
-    ours = _our_outputs(pretrained, inputs)
+    inputs = hf_parity.inputs()
+    ours = hf_parity.our_outputs(pretrained, inputs)
     assert set(ours) == {"last_hidden_state"}
-    diff = float(np.abs(ours["last_hidden_state"] - _hf_outputs(theirs, inputs)["last_hidden_state"]).max())
+    diff = float(
+        np.abs(ours["last_hidden_state"] - hf_parity.hf_outputs(theirs, inputs)["last_hidden_state"]).max()
+    )
     print("SpanBERT release import: last hidden state max abs diff:", diff)
     assert diff < TOLERANCE
 
 
 def test_encode_cli_and_glue_take_the_import(published, tmp_path):
     directory, workdir, theirs, _ = published
-    features = _encode_lines(
+    features = hf_parity.encode_lines(
         workdir, tmp_path, "Paris is the capital of France .\nBerlin is a city\tthe capital of Germany .\n"
     )
     assert "pooled_output" not in features  # no pooler in the release
     inputs = {k: features[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
     diff = float(
-        np.abs(features["last_hidden_state"] - _hf_outputs(theirs, inputs)["last_hidden_state"]).max()
+        np.abs(
+            features["last_hidden_state"] - hf_parity.hf_outputs(theirs, inputs)["last_hidden_state"]
+        ).max()
     )
     print("SpanBERT release encode CLI max abs diff:", diff)
     assert diff < TOLERANCE
     # GLUE fine-tuning starts from the imported encoder (the pooler from a fresh init).
-    pretrained = workdir_lib.load_pretrained(workdir)
+    pretrained = bundle.load_pretrained(workdir)
     _assert_glue_loads_the_encoder(pretrained.config, pretrained.params)
 
 
@@ -200,7 +195,7 @@ def test_bare_model_names_without_model_type_read_the_same(published, tmp_path):
     torch.save({k.removeprefix("bert."): v for k, v in state.items()}, folder / "pytorch_model.bin")
     fmt, config, params, groups = convert.read_hf_model(str(folder))
     _, want_config, want, want_groups = convert.read_hf_model(directory)
-    assert (fmt, config, groups) == (convert.BERT, want_config, want_groups)
+    assert (fmt, config, groups) == (convert.FORMATS["bert"], want_config, want_groups)
     got, want = traverse_util.flatten_dict(params), traverse_util.flatten_dict(want)
     assert got.keys() == want.keys()
     for key in got:
@@ -223,7 +218,7 @@ def test_config_without_model_type_of_another_model_is_refused(published, tmp_pa
         (folder / "config.json").write_text(json.dumps(hf_config))
         torch.save(tensors, folder / "pytorch_model.bin")
         (folder / "vocab.txt").write_text(open(os.path.join(directory, "vocab.txt")).read())
-        assert convert.main(["import", f"--from=hf:{folder}", f"--workdir={tmp_path / 'w'}"]) == 2
+        assert convert_cli.main(["import", f"--from=hf:{folder}", f"--workdir={tmp_path / 'w'}"]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err, err
         assert "model_type None is not supported: this converter reads bert" in err, (name, err)
@@ -250,7 +245,7 @@ def _spanbert_tree(config: EncoderConfig, seed: int) -> dict:
 def test_spanbert_tree_exports_as_bert_for_masked_lm(tmp_path, caplog):
     """Our SpanBERT workdir (vocab padded to 128 rows) -> export: BertForMaskedLM with our
     MLM logits, no SBO head (a warning); import(export) gives the BERT parts bit for bit."""
-    bert = convert.hf_config_to_ours(_bert_config().to_dict(), "test")[1]
+    bert = convert.hf_config_to_ours(hf_parity.bert_config().to_dict(), "test")[1]
     config = dataclasses.replace(bert, vocab_pad_multiple=128, pooler=False)
     params = _spanbert_tree(config, seed=3)
     shapes = {"/".join(k): v.shape for k, v in traverse_util.flatten_dict(params["sbo_head"]).items()}
@@ -271,10 +266,10 @@ def test_spanbert_tree_exports_as_bert_for_masked_lm(tmp_path, caplog):
     vocab.write_text("".join(t + "\n" for t in _cased_vocab(64)))
     tokenizer = tokenizers.WordPieceTokenizer.from_vocab_file(str(vocab))
     workdir = str(tmp_path / "spanbert")
-    workdir_lib.save_pretrained(workdir, config, params, tokenizer)
+    bundle.save_pretrained(workdir, config, params, tokenizer)
 
     # The rest of the codebase reads `encoder` (+ `mlm_head`) and ignores the SBO head.
-    pretrained = workdir_lib.load_pretrained(workdir)
+    pretrained = bundle.load_pretrained(workdir)
     assert set(pretrained.params) == {"encoder", "mlm_head", "sbo_head"}
     _assert_glue_loads_the_encoder(config, pretrained.params)
     [masks] = predict.fill_mask(pretrained, ["Paris is the [MASK] of France ."], top_k=2)
@@ -285,10 +280,10 @@ def test_spanbert_tree_exports_as_bert_for_masked_lm(tmp_path, caplog):
         assert convert.export_hf(workdir, out) == "BertForMaskedLM"
     assert "the span boundary (SBO) head has no transformers counterpart: not exported" in caplog.text
     loaded = transformers.BertForMaskedLM.from_pretrained(out).eval()
-    inputs = _inputs()
+    inputs = hf_parity.inputs()
     bert_parts = {k: v for k, v in params.items() if k != "sbo_head"}
-    ours = _our_outputs(workdir_lib.Pretrained(config, bert_parts, tokenizer, 0), inputs)
-    diffs = _max_diffs(ours, _hf_outputs(loaded, inputs))
+    ours = hf_parity.our_outputs(bundle.Pretrained(config, bert_parts, tokenizer, 0), inputs)
+    diffs = hf_parity.max_diffs(ours, hf_parity.hf_outputs(loaded, inputs))
     print("SpanBERT tree -> BertForMaskedLM max abs diff:", diffs)
     assert set(diffs) == {"last_hidden_state", "mlm_logits"}
     assert max(diffs.values()) < TOLERANCE, diffs

@@ -12,7 +12,7 @@ import pytest
 from core import metrics_log
 from pretrain import trainer
 from pretrain.objectives import MaskedLM
-from tests.test_train import DATA, _run, data_dir  # noqa: F401  (data_dir: test_train's shards)
+from tests import tiny
 
 # Seconds per train step, spent on the "device": long enough that the host's jitter on a
 # busy 2-core machine (the other test worker) stays well under 10% of a 10-step window.
@@ -30,7 +30,7 @@ class SlowMaskedLM(MaskedLM):
 
 
 @pytest.mark.slow(30)
-def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatch, data_dir):  # noqa: F811
+def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatch, synthetic_shards):
     logged = []  # (wall clock, step, values) of every train log line, when it is written
     write = metrics_log.MetricsWriter.write
 
@@ -42,9 +42,9 @@ def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatc
     monkeypatch.setattr(metrics_log.MetricsWriter, "write", timed_write)
     monkeypatch.setattr(trainer, "make_objective", lambda config, data: SlowMaskedLM(config, data))
     started = time.perf_counter()
-    summary = _run(
+    summary = tiny.run(
         tmp_path / "run",
-        data_dir,
+        synthetic_shards,
         STEPS,
         batch_size=8,
         log_every=LOG_EVERY,
@@ -58,7 +58,7 @@ def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatc
         assert values["steps_per_second"] == pytest.approx(measured, rel=0.1), (s1, measured)
         assert values["steps_per_second"] < 1 / SLEEP  # a step can never beat its sleep
         tokens_per_step = values["tokens_per_second"] / values["steps_per_second"]
-        assert 8 <= tokens_per_step <= 8 * DATA.max_seq_length
+        assert 8 <= tokens_per_step <= 8 * tiny.DATA.max_seq_length
     # The ETA at step 20 is the time the last 20 steps then took.
     t20, _, at20 = logged[1]
     assert at20["eta_seconds"] == pytest.approx(logged[-1][0] - t20, rel=0.1)
@@ -74,7 +74,7 @@ def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatc
 def test_finetuning_rates_follow_the_wall_clock(monkeypatch):
     from finetune import trainer as finetune_trainer
     from finetune.tasks import TASKS
-    from tests.test_glue_finetune import _steps, pair_examples, tiny_model
+    from tests import finetune_setup
 
     done = []  # wall clock when each training step's sleep ends, on the "device"
 
@@ -89,12 +89,12 @@ def test_finetuning_rates_follow_the_wall_clock(monkeypatch):
         return loss(logits, batch, regression)
 
     monkeypatch.setattr(finetune_trainer, "_loss", slow_loss)
-    tokenizer, config, params = tiny_model()
+    tokenizer, config, params = finetune_setup.tiny_model()
     task = TASKS["rte"]
-    train = finetune_trainer.featurize(pair_examples(80, 0), task, tokenizer, 16)
-    dev = finetune_trainer.featurize(pair_examples(16, 1), task, tokenizer, 16)
+    train = finetune_trainer.featurize(finetune_setup.pair_examples(80, 0), task, tokenizer, 16)
+    dev = finetune_trainer.featurize(finetune_setup.pair_examples(16, 1), task, tokenizer, 16)
     result = finetune_trainer.finetune(
-        _steps(config, task),
+        finetune_setup.task_steps(config, task),
         params,
         train,
         {"dev": dev},

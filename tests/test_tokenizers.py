@@ -8,6 +8,7 @@ import pytest
 
 from data import corpora, tokenizers
 from data.tokenizers import TokenizerError, WordPieceTokenizer
+from data.tokenizers import cli as tokenizers_cli
 from tests import cli_run
 
 # The published BERT layout: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.
@@ -213,7 +214,7 @@ def test_save_and_load(trained, tmp_path):
 @pytest.fixture
 def _run_cli(capsys):
     """`python -m data.tokenizers ARGS`, run in this process (tests/cli_run.py)."""
-    return lambda *args: cli_run.run(tokenizers.main, args, capsys)
+    return lambda *args: cli_run.run(tokenizers_cli.main, args, capsys)
 
 
 def test_cli_train(tmp_path, _run_cli):
@@ -549,7 +550,7 @@ def test_roberta_pair_inputs_match_transformers(trained_bpe, tmp_path):
     """The same ids as transformers' RoBERTa tokenizer on our exported tokenizer folder."""
     import transformers  # requirements-test.txt
 
-    from models import convert
+    from interop import convert
     from models.encoder import EncoderConfig
 
     convert.write_hf_tokenizer(trained_bpe, EncoderConfig(vocab_size=trained_bpe.vocab_size), str(tmp_path))
@@ -640,3 +641,123 @@ def test_sentencepiece_word_starts_are_albert_is_start_piece(trained_sp):
     inner = [p for p in pieces if not p.startswith("\u2581") and not p.isalpha()]
     assert {"9", "'", "="} <= set(inner), pieces
     assert all(starts[tok.token_to_id(p)] for p in inner)
+
+
+# ---------------------------------------------------------------- fits_vocab, transformers' settings, kinds
+
+
+@pytest.mark.parametrize("name", ["trained", "trained_bpe", "trained_sp"])
+def test_fits_vocab_is_equal_sizes(name, request):
+    """A model's embedding table fits these tokenizers only at their exact size (DeBERTa's
+    tokenizers also fit larger tables: tests/test_deberta_tokenizer.py)."""
+    tok = request.getfixturevalue(name)
+    n = tok.vocab_size
+    assert tok.fits_vocab(n) and not tok.fits_vocab(n + 1) and not tok.fits_vocab(n - 1)
+
+
+_BERT_SPECIALS = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
+
+
+def test_hf_special_tokens_and_settings(trained, cased, trained_bpe, trained_sp, tmp_path):
+    """What interop.convert.write_hf_tokenizer writes for transformers, per kind."""
+    assert trained.hf_special_tokens() == _BERT_SPECIALS and cased.hf_special_tokens() == _BERT_SPECIALS
+    assert trained.hf_settings() == {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": True,
+        "strip_accents": True,
+        "tokenize_chinese_chars": True,
+    }
+    assert cased.hf_settings() == {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": False,
+        "strip_accents": False,
+        "tokenize_chinese_chars": True,
+    }
+    accents_kept = WordPieceTokenizer.from_vocab_file(
+        _vocab_file(tmp_path, _CASED), lowercase=True, strip_accents=False
+    )
+    assert accents_kept.hf_settings()["do_lower_case"] is True
+    assert accents_kept.hf_settings()["strip_accents"] is False
+    # RobertaTokenizer names <s> and </s> also bos and eos.
+    assert trained_bpe.hf_special_tokens() == {
+        "unk_token": "<unk>",
+        "sep_token": "</s>",
+        "pad_token": "<pad>",
+        "cls_token": "<s>",
+        "mask_token": "<mask>",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+    }
+    assert trained_bpe.hf_settings() == {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False}
+    assert trained_sp.hf_special_tokens() == {
+        "unk_token": "<unk>",
+        "sep_token": "[SEP]",
+        "pad_token": "<pad>",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
+    assert trained_sp.hf_settings() == {"tokenizer_class": "AlbertTokenizer", "do_lower_case": True}
+    trained_sp.save(str(tmp_path / "sp"))
+    cased_sp = tokenizers.SentencePieceTokenizer.from_model_file(str(tmp_path / "sp" / "spiece.model"), False)
+    assert cased_sp.hf_settings() == {"tokenizer_class": "AlbertTokenizer", "do_lower_case": False}
+    # Only DeBERTa's tokenizers fix settings of their transformers class.
+    for tok in (trained, trained_bpe, trained_sp):
+        assert tok.HF_FIXED_SETTINGS == {}
+
+
+@pytest.mark.parametrize("name", ["trained", "cased", "trained_bpe", "trained_sp"])
+def test_hf_methods_are_what_the_export_writes(name, request, tmp_path):
+    """interop.convert.write_hf_tokenizer's tokenizer_config.json: our config, the transformers
+    class, model_max_length, the special tokens and the class's settings;
+    special_tokens_map.json: the special tokens."""
+    from interop import convert
+    from models.encoder import EncoderConfig
+
+    tok = request.getfixturevalue(name)
+    tok.save(str(tmp_path / "ours"))
+    ours = json.loads((tmp_path / "ours" / "tokenizer_config.json").read_text())
+    convert.write_hf_tokenizer(
+        tok, EncoderConfig(vocab_size=tok.vocab_size, max_position_embeddings=128), str(tmp_path / "hf")
+    )
+    written = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert written == {**ours, "model_max_length": 128, **tok.hf_special_tokens(), **tok.hf_settings()}
+    specials = json.loads((tmp_path / "hf" / "special_tokens_map.json").read_text())
+    assert specials == tok.hf_special_tokens()
+
+
+def test_kinds_load_through_the_registry(trained, trained_bpe, trained_sp, tmp_path, monkeypatch):
+    assert tokenizers.registered_kinds() == tokenizers.ALL_KINDS
+    assert tokenizers.ALL_KINDS == ("wordpiece", "bpe", "sentencepiece", "deberta_bpe", "deberta_spm")
+    assert tokenizers.KINDS == ("wordpiece", "bpe", "sentencepiece")
+    for tok in (trained, trained_bpe, trained_sp):
+        tok.save(str(tmp_path / tok.identity()["kind"]))
+        loaded = tokenizers.load_tokenizer(str(tmp_path / tok.identity()["kind"]))
+        assert type(loaded) is type(tok) and loaded.identity() == tok.identity()
+    # A kind registered by another module loads through its loader, given the directory and config.
+    monkeypatch.setattr(tokenizers.base, "_KIND_LOADERS", dict(tokenizers.base._KIND_LOADERS))
+    calls = []
+    tokenizers.register_kind("morse", lambda directory, config: calls.append((directory, config)) or trained)
+    (tmp_path / "morse").mkdir()
+    (tmp_path / "morse" / "tokenizer_config.json").write_text('{"kind": "morse", "dots": 3}')
+    assert tokenizers.load_tokenizer(str(tmp_path / "morse")) is trained
+    assert calls == [(str(tmp_path / "morse"), {"kind": "morse", "dots": 3})]
+    with pytest.raises(ValueError, match="tokenizer kind 'bpe' is registered twice"):
+        tokenizers.register_kind("bpe", tokenizers.ByteLevelBPETokenizer.from_directory)
+
+
+@pytest.mark.parametrize("kind", ['"morse"', '["wordpiece"]', "{}", "null", "7"])
+def test_unknown_kind_is_one_line(kind, tmp_path):
+    (tmp_path / "vocab.txt").write_text("\n".join(_UNCASED) + "\n")  # not read: the config names the kind
+    (tmp_path / "tokenizer_config.json").write_text(f'{{"kind": {kind}}}')
+    with pytest.raises(TokenizerError) as e:
+        tokenizers.load_tokenizer(str(tmp_path))
+    assert str(e.value) == (
+        f"{tmp_path}/tokenizer_config.json: unknown tokenizer kind {json.loads(kind)!r}: "
+        "this version reads wordpiece, bpe, sentencepiece, deberta_bpe, deberta_spm"
+    )

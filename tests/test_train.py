@@ -3,58 +3,21 @@
 import json
 import os
 
+import gin
 import pytest
 
-from core import optim, sharding, workdir
+from core import cli, optim, sharding, workdir
 from core.errors import ConfigError
 from core.state import params_sha256
-from data import pipeline, synthetic
-from models import pretrained as pretrained_lib
+from interop import bundle
 from models.encoder import EncoderConfig
 from pretrain import trainer
-
-TINY = EncoderConfig(
-    vocab_size=synthetic.VOCAB_SIZE,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
-DATA = pipeline.PipelineConfig(
-    max_seq_length=32, max_predictions_per_seq=5, document_shuffle_buffer=20, instance_shuffle_buffer=50
-)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return synthetic.write_shards(
-        str(tmp_path_factory.mktemp("shards")),
-        synthetic.make_documents(100, seed=1, max_len=8),
-        synthetic.make_documents(12, seed=2, max_len=8, first_id=150),
-    )
-
-
-def _run(workdir, data_dir, steps, **kwargs):
-    args = dict(
-        data_dir=data_dir,
-        model_config=TINY,
-        pipeline_config=DATA,
-        steps=steps,
-        batch_size=16,
-        optimizer_fn=lambda total_steps: optim.adamw(total_steps, learning_rate=5e-3, warmup_steps=2),
-        log_every=5,
-        eval_every=1000,
-        eval_batches=2,
-        checkpoint_every=5,
-    )
-    args.update(kwargs)
-    return trainer.run(str(workdir), **args)
+from tests import tiny
 
 
 @pytest.mark.slow(25)
-def test_loss_falls_and_outputs_are_written(tmp_path, data_dir):
-    summary = _run(tmp_path, data_dir, steps=30, eval_at_start=True)
+def test_loss_falls_and_outputs_are_written(tmp_path, synthetic_shards):
+    summary = tiny.run(tmp_path, synthetic_shards, steps=30, eval_at_start=True)
     assert summary["step"] == 30
     assert summary["initial_eval"]["loss"] > 0
     on_disk = json.load(open(tmp_path / "summary.json"))
@@ -78,34 +41,92 @@ def test_loss_falls_and_outputs_are_written(tmp_path, data_dir):
     assert os.listdir(tmp_path / "tensorboard")
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "25", "30"]
     # What fine-tuning and export read back: the config and the final parameters.
-    assert pretrained_lib.load_model_config(str(tmp_path)) == TINY
+    assert bundle.load_model_config(str(tmp_path)) == tiny.TINY
     params, step = workdir.load_params(str(tmp_path))
     assert step == 30 and params_sha256(params) == summary["params_sha256"]
 
 
-@pytest.mark.slow(45)
-@pytest.mark.parametrize("dropout_prng", ["threefry", "rbg"])
-def test_resume_after_stop_equals_uninterrupted_run(tmp_path, data_dir, dropout_prng):
-    schedule_of_12 = lambda total_steps: optim.adamw(12, learning_rate=1e-3, warmup_steps=2)
-    run = lambda name, steps: _run(  # noqa: E731
-        tmp_path / name, data_dir, steps=steps, optimizer_fn=schedule_of_12, dropout_prng=dropout_prng
-    )
-    full = run("full", 12)
-    # The same 12-step run stopped after step 7, then started again with the same workdir.
-    first = run("split", 7)
-    assert first["params_sha256"] != full["params_sha256"]
-    resumed = run("split", 12)
-    assert resumed["resumed_from"] == 7
-    assert resumed["params_sha256"] == full["params_sha256"]
-
-
-def test_vocab_mismatch_is_a_clear_error(tmp_path, data_dir):
-    bad = EncoderConfig(**{**TINY.__dict__, "vocab_size": 1000})
+def test_vocab_mismatch_is_a_clear_error(tmp_path, synthetic_shards):
+    bad = EncoderConfig(**{**tiny.TINY.__dict__, "vocab_size": 1000})
     with pytest.raises(ConfigError, match="vocab_size=1000 .* vocabulary of 21000"):
-        _run(tmp_path, data_dir, steps=2, model_config=bad)
+        tiny.run(tmp_path, synthetic_shards, steps=2, model_config=bad)
     assert not os.path.exists(tmp_path / "checkpoints")
 
 
-def test_batch_not_divisible_by_data_parallel_size(tmp_path, data_dir):
+def test_batch_not_divisible_by_data_parallel_size(tmp_path, synthetic_shards):
     with pytest.raises(sharding.MeshError, match="not divisible by the data-parallel size 8"):
-        _run(tmp_path, data_dir, steps=2, batch_size=12)
+        tiny.run(tmp_path, synthetic_shards, steps=2, batch_size=12)
+
+
+@pytest.fixture
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_settings_are_the_gin_bindings_of_run(clean_gin):
+    """RunSettings is gin's `run`: the gin files' bindings build it, a caller's argument wins,
+    the operative config records them as `run.*`, and the mesh is no binding of `run`."""
+    cli.parse_gin(
+        [],
+        [
+            "run.data_dir = 'shards/'",
+            "run.model_config = @EncoderConfig()",
+            "run.pipeline_config = @PipelineConfig()",
+            "run.steps = 7",
+            "run.optimizer_fn = @adamw",
+            "EncoderConfig.num_layers = 1",
+        ],
+    )
+    settings = trainer.RunSettings()
+    assert (settings.steps, settings.batch_size, settings.data_dir) == (7, 256, "shards/")
+    assert settings.model_config.num_layers == 1 and settings.optimizer_fn is optim.adamw
+    assert trainer.RunSettings(steps=9).steps == 9
+    operative = gin.operative_config_str()
+    for line in (
+        "run.steps = 7",
+        "run.batch_size = 256",
+        "run.model_config = @EncoderConfig()",
+        "run.optimizer_fn = @adamw",
+        "run.phase2_start = None",
+    ):
+        assert line in operative.splitlines(), operative
+    assert "mesh_spec" not in operative
+    with pytest.raises(cli.GinError, match="Configurable 'run' doesn't have a parameter named 'stpes'"):
+        cli.parse_gin([], ["run.stpes = 3"])
+    with pytest.raises(cli.GinError, match="doesn't have a parameter named 'mesh_spec'"):
+        cli.parse_gin([], ["run.mesh_spec = 'data:8'"])
+
+
+@pytest.mark.parametrize(
+    "binding, message",
+    [
+        ("run.steps = 'ten'", "run.steps must be an integer, got 'ten'"),
+        ("run.batch_size = 8.0", "run.batch_size must be an integer, got 8.0"),
+        ("run.seed = True", "run.seed must be an integer, got True"),
+        ("run.phase2_start = '6'", "run.phase2_start must be an integer, got '6'"),
+        ("run.eval_at_start = 'yes'", "run.eval_at_start must be True or False, got 'yes'"),
+        ("run.steps = 0", "run.steps must be >= 1, got 0"),
+        ("run.dropout_prng = 'philox'", "run.dropout_prng must be one of"),
+    ],
+)
+def test_a_bad_setting_is_one_config_error(clean_gin, binding, message):
+    cli.parse_gin(
+        [],
+        [
+            "run.data_dir = 'shards/'",
+            "run.model_config = @EncoderConfig()",
+            "run.pipeline_config = @PipelineConfig()",
+            "run.steps = 3",
+            binding,
+        ],
+    )
+    with pytest.raises(ConfigError) as error:
+        trainer.RunSettings()
+    assert str(error.value).splitlines()[0].startswith(message), str(error.value)
+
+
+def test_a_missing_setting_is_one_config_error(clean_gin):
+    with pytest.raises(ConfigError, match="run.data_dir is not set: bind it"):
+        trainer.run("/nonexistent")

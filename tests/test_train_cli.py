@@ -70,6 +70,7 @@ def _tree_hash(directory):
     "extra, message",
     [
         (["--gin_bindings=run.stepz=3"], "Configurable 'run' doesn't have a parameter named 'stepz'"),
+        (["--gin_bindings=run.steps='ten'"], "run.steps must be an integer, got 'ten'"),
         (["--gin_bindings=EncoderConfig.hiden_size=8"], "doesn't have a parameter named 'hiden_size'"),
         (["--gin_bindings=EncoderConfig.vocab_size=999"], "model vocab_size=999 but the shards"),
         (["--gin_bindings=EncoderConfig.num_heads=3"], "divisible by num_heads"),

@@ -11,13 +11,13 @@ from core import preemption
 from core.errors import ConfigError
 from data.pipeline import PipelineConfig
 from pretrain import step
-from tests.test_train import DATA, _run, data_dir  # noqa: F401  (data_dir is a fixture)
+from tests import tiny
 
-PHASE2 = dataclasses.replace(DATA, max_seq_length=64, max_predictions_per_seq=10)
+PHASE2 = dataclasses.replace(tiny.DATA, max_seq_length=64, max_predictions_per_seq=10)
 
 
-def _two_phase(workdir, data_dir, **kwargs):  # noqa: F811
-    return _run(workdir, data_dir, steps=12, phase2_start=6, phase2_pipeline_config=PHASE2, **kwargs)
+def _two_phase(workdir, data_dir, **kwargs):
+    return tiny.run(workdir, data_dir, steps=12, phase2_start=6, phase2_pipeline_config=PHASE2, **kwargs)
 
 
 @pytest.fixture
@@ -35,18 +35,18 @@ def traced_shapes(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, data_dir):  # noqa: F811
-    return _two_phase(tmp_path_factory.mktemp("full"), data_dir)["params_sha256"]
+def uninterrupted(tmp_path_factory, synthetic_shards):
+    return _two_phase(tmp_path_factory.mktemp("full"), synthetic_shards)["params_sha256"]
 
 
 @pytest.mark.slow(25)
-def test_switches_length_and_predictions(tmp_path, data_dir, traced_shapes):  # noqa: F811
-    _two_phase(tmp_path, data_dir)
+def test_switches_length_and_predictions(tmp_path, synthetic_shards, traced_shapes):
+    _two_phase(tmp_path, synthetic_shards)
     assert traced_shapes == [((16, 32), (16, 5)), ((16, 64), (16, 10))]
 
 
 @pytest.mark.slow(60)
-def test_resume_in_either_phase_equals_uninterrupted(tmp_path, data_dir, uninterrupted, monkeypatch):  # noqa: F811
+def test_resume_in_either_phase_equals_uninterrupted(tmp_path, synthetic_shards, uninterrupted, monkeypatch):
     """Stopped (SIGTERM) in phase 1, at the switch and in phase 2, one after the other, and
     resumed each time: the final parameters are the uninterrupted run's."""
     stops = [4, 6, 9]  # in phase 1, at the switch, in phase 2
@@ -60,23 +60,23 @@ def test_resume_in_either_phase_equals_uninterrupted(tmp_path, data_dir, uninter
     for stop_at in list(stops):
         with monkeypatch.context() as patch:
             patch.setattr(preemption.StopWatcher, "should_stop", sigterm_at)
-            stopped = _two_phase(tmp_path, data_dir)
+            stopped = _two_phase(tmp_path, synthetic_shards)
         assert stopped == {"step": stop_at, "stopped_by": "SIGTERM", "resumed_from": resumed_from}
         stops.pop(0)
         resumed_from = stop_at
-    resumed = _two_phase(tmp_path, data_dir)
+    resumed = _two_phase(tmp_path, synthetic_shards)
     assert resumed["resumed_from"] == 9
     assert resumed["params_sha256"] == uninterrupted
 
 
-def test_bad_phase_settings(tmp_path, data_dir):  # noqa: F811
+def test_bad_phase_settings(tmp_path, synthetic_shards):
     with pytest.raises(ConfigError, match="must be in"):
-        _run(tmp_path, data_dir, steps=6, phase2_start=6, phase2_pipeline_config=PHASE2)
+        tiny.run(tmp_path, synthetic_shards, steps=6, phase2_start=6, phase2_pipeline_config=PHASE2)
     with pytest.raises(ConfigError, match="set both"):
-        _run(tmp_path, data_dir, steps=6, phase2_start=3)
-    too_long = dataclasses.replace(DATA, max_seq_length=128)
+        tiny.run(tmp_path, synthetic_shards, steps=6, phase2_start=3)
+    too_long = dataclasses.replace(tiny.DATA, max_seq_length=128)
     with pytest.raises(ConfigError, match="exceeds EncoderConfig.max_position_embeddings = 64"):
-        _run(tmp_path, data_dir, steps=6, phase2_start=3, phase2_pipeline_config=too_long)
+        tiny.run(tmp_path, synthetic_shards, steps=6, phase2_start=3, phase2_pipeline_config=too_long)
 
 
 def test_published_recipe_switches_at_900k_to_512():

@@ -28,7 +28,7 @@ How the known and coming members fit (docs/architecture.md has the full picture)
 
 Conventions every objective keeps:
 - the pretraining tree's `encoder` subtree is the model that fine-tuning, export,
-  feature extraction and fill-mask read (models/pretrained.py);
+  feature extraction and fill-mask read (interop/bundle.py);
 - `loss` works on any slice of rows of the batch, given `normalizers` of the whole batch:
   then the gradients of k microbatches sum to the gradient of the whole batch;
 - metric values are sums (float32 scalars) so that they add across microbatches,

@@ -1,7 +1,7 @@
-"""Fill-mask: the top-k tokens a workdir's MLM head predicts for each mask in a text (an
-ELECTRA workdir's generator head: its discriminator has none).
+"""Fill-mask: the top-k tokens a workdir's masked LM predicts for each mask in a text (its
+MLM head; ELECTRA's and DeBERTa-v3's generator: models/trees.py `masked_lm`).
 
-    python -m models.predict --workdir=W --text "Paris is the [MASK] of France." [--text ...] [--top_k=5]
+    python -m interop.predict --workdir=W --text "Paris is the [MASK] of France." [--text ...] [--top_k=5]
 
 The mask is written as the tokenizer's mask token ("[MASK]" for WordPiece). The text
 between masks is tokenized on its own, since BERT's tokenizer would split "[MASK]" into
@@ -11,7 +11,6 @@ then one line per mask: `mask K: token (probability) ...`.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -22,9 +21,9 @@ import numpy as np
 
 from core import cli
 from data import tokenizers
-from models import encode as encode_lib
-from models import pretrained as pretrained_lib
-from models.pretraining import BertPretrainingModel
+from interop import bundle
+from interop import encode as encode_lib
+from models import trees
 
 
 def masked_inputs(tokenizer: tokenizers.Tokenizer, text: str, max_seq_length: int) -> list[int]:
@@ -51,7 +50,7 @@ def masked_inputs(tokenizer: tokenizers.Tokenizer, text: str, max_seq_length: in
 
 
 def fill_mask(
-    pretrained: pretrained_lib.Pretrained, texts: Sequence[str], top_k: int
+    pretrained: bundle.Pretrained, texts: Sequence[str], top_k: int
 ) -> list[list[list[tuple[str, float]]]]:
     """For each text, for each mask in it: the top_k (token, probability) pairs, best first."""
     rows = [masked_inputs(pretrained.tokenizer, text, pretrained.config.max_length) for text in texts]
@@ -59,39 +58,12 @@ def fill_mask(
 
 
 def fill_mask_ids(
-    pretrained: pretrained_lib.Pretrained, rows: Sequence[Sequence[int]], top_k: int
+    pretrained: bundle.Pretrained, rows: Sequence[Sequence[int]], top_k: int
 ) -> list[list[list[tuple[str, float]]]]:
     """`fill_mask` for rows already tokenized (`[CLS] ... [SEP]` ids with the mask id at the
     positions to fill): for each row, for each mask, the top_k (token, probability) pairs."""
-    config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
-    if "generator" in params:
-        # ELECTRA, DeBERTa-v3: the generator is the masked LM (the discriminator only scores tokens).
-        if config.disentangled is None:
-            config, params = pretrained_lib.electra_generator(config, params)
-        else:
-            config, params = pretrained_lib.deberta_generator(config, params)
-    elif "discriminator_head" in params:
-        raise encode_lib.EncodeError(
-            "the workdir is an ELECTRA discriminator without its generator: the discriminator has no "
-            "MLM head; import the generator too (models.convert import --generator_from=hf:DIR)"
-        )
-    if "mlm_head" not in params:
-        raise encode_lib.EncodeError(
-            "the workdir has no MLM head (it was imported from a model without one, e.g. BertModel): "
-            "fill-mask needs it"
-        )
-    # The MLM head does not read the pooler: leave it out, whether the model has one or not.
-    params = {
-        "encoder": {k: v for k, v in params["encoder"].items() if k != "pooler"},
-        "mlm_head": params["mlm_head"],
-    }
-    # DeBERTa's MLM head was trained on the enhanced mask decoder, which reads the absolute
-    # position table: used whenever the tree has one (our pretraining does; a transformers
-    # checkpoint usually does not, and its head then reads the last layer, as transformers').
-    decoder = config.disentangled is not None and "position_embeddings" in params["encoder"]["embeddings"]
-    model = BertPretrainingModel(
-        dataclasses.replace(config, pooler=False), sentence_head=False, enhanced_mask_decoder=decoder
-    )
+    tokenizer = pretrained.tokenizer
+    model, params = trees.masked_lm(pretrained.config, pretrained.params)
     # One batch, padded to the longest row and to the most masks of a row: one compilation.
     length = max(len(ids) for ids in rows)
     positions = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in rows]
@@ -121,7 +93,7 @@ def fill_mask_ids(
 
 
 def build_parser():
-    parser = cli.parser(__doc__, "models.predict")
+    parser = cli.parser(__doc__, "interop.predict")
     parser.add_argument("--workdir", required=True, help="pretraining or imported workdir (with an MLM head)")
     parser.add_argument(
         "--text", action="append", required=True, help="text with mask tokens, e.g. [MASK] (repeatable)"
@@ -134,7 +106,7 @@ def build_parser():
 def _run(args) -> None:
     if args.top_k < 1:
         raise encode_lib.EncodeError(f"--top_k={args.top_k} must be >= 1")
-    pretrained = pretrained_lib.load_pretrained(args.workdir, args.step)
+    pretrained = bundle.load_pretrained(args.workdir, args.step)
     results = fill_mask(pretrained, args.text, args.top_k)
     mask = pretrained.tokenizer.id_to_token(pretrained.tokenizer.mask_id)
     for text, masks in zip(args.text, results):

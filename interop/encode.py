@@ -1,6 +1,6 @@
 """Feature extraction: a workdir's encoder over lines of text -> an npz of hidden states.
 
-    python -m models.encode --workdir=W --input=FILE.txt --output=OUT.npz \
+    python -m interop.encode --workdir=W --input=FILE.txt --output=OUT.npz \
         [--max_seq_length=128] [--batch_size=32] [--step=N]
 
 Each line of FILE.txt is one sentence, or a sentence pair separated by a tab. Inputs are
@@ -36,7 +36,7 @@ import tensorflow as tf
 from core import cli
 from core.errors import UserError
 from data import tokenizers
-from models import pretrained as pretrained_lib
+from interop import bundle
 from models.backbone import encoder_module
 from models.encoder import EncoderConfig
 
@@ -87,7 +87,7 @@ def build_inputs(
 
 
 def encode(
-    pretrained: pretrained_lib.Pretrained, inputs: Mapping[str, np.ndarray], batch_size: int = 32
+    pretrained: bundle.Pretrained, inputs: Mapping[str, np.ndarray], batch_size: int = 32
 ) -> dict[str, np.ndarray]:
     """`inputs` (from build_inputs) plus last_hidden_state [n, L, H] and, with a pooler,
     pooled_output [n, H], float32. The last batch is padded to `batch_size` (one compilation)."""
@@ -129,7 +129,7 @@ def read_lines(path: str) -> list[str]:
 
 
 def build_parser():
-    parser = cli.parser(__doc__, "models.encode")
+    parser = cli.parser(__doc__, "interop.encode")
     parser.add_argument("--workdir", required=True, help="pretraining or imported workdir")
     parser.add_argument("--input", required=True, help="text file: one sentence or A<TAB>B per line")
     parser.add_argument("--output", required=True, help="npz file to write")
@@ -142,7 +142,7 @@ def build_parser():
 
 
 def _run(args) -> None:
-    pretrained = pretrained_lib.load_pretrained(args.workdir, args.step)
+    pretrained = bundle.load_pretrained(args.workdir, args.step)
     config = pretrained.config
     max_seq_length = min(128, config.max_length) if args.max_seq_length is None else args.max_seq_length
     if max_seq_length < 3:

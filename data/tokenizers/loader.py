@@ -1,0 +1,102 @@
+"""`load_tokenizer`: a tokenizer from a directory or a file, of any kind.
+
+A directory whose tokenizer_config.json names a "kind" loads through that kind's registered
+loader (data/tokenizers/base.py `register_kind`); any other directory or file is told by its
+file names, so published vocabs load directly: BERT's vocab.txt, RoBERTa's and DeBERTa v1's
+vocab.json + merges.txt (told apart by their special tokens), ALBERT's spiece.model /
+30k-clean.model and DeBERTa-v2/v3's spm.model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
+import tensorflow as tf
+
+from data.tokenizers import base
+from data.tokenizers.base import CLS, CONFIG_FILE, Tokenizer, TokenizerError
+from data.tokenizers.bpe import BPE_MERGES_FILE, BPE_VOCAB_FILE, ByteLevelBPETokenizer, read_bpe_files
+from data.tokenizers.deberta import DEBERTA_SPM_FILE, DebertaBPETokenizer, DebertaSentencePieceTokenizer
+from data.tokenizers.sentencepiece import SP_MODEL_FILE, SentencePieceTokenizer
+from data.tokenizers.wordpiece import VOCAB_FILE, WordPieceTokenizer
+
+ALL_KINDS = base.registered_kinds()  # the kinds `load_tokenizer` reads
+
+
+def load_bpe_files(vocab_path: str, merges_path: str) -> ByteLevelBPETokenizer:
+    """RoBERTa's or DeBERTa v1's vocab.json + merges.txt, told apart by the special tokens:
+    a vocab with [CLS] and no <s> is DeBERTa's (`DebertaBPETokenizer`)."""
+    vocab, merges = read_bpe_files(vocab_path, merges_path)
+    deberta = CLS in vocab and "<s>" not in vocab
+    return (DebertaBPETokenizer if deberta else ByteLevelBPETokenizer)(vocab, merges, source=vocab_path)
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """Loads a tokenizer from a directory or a file, detecting its kind.
+
+    A directory whose tokenizer_config.json names a "kind" loads that kind. Otherwise: vocab.txt ->
+    WordPiece (casing inferred); vocab.json + merges.txt -> byte-level BPE (DeBERTa's when the
+    vocab has [CLS] and no <s>, `load_bpe_files`); spm.model -> DeBERTa-v2/v3 SentencePiece;
+    spiece.model or a single *.model -> ALBERT SentencePiece (uncased, as every published
+    ALBERT). A file: spm.model -> DeBERTa SentencePiece, another *.model -> ALBERT's,
+    vocab.json -> BPE (merges.txt beside it), else a WordPiece vocab.txt.
+
+    Raises:
+      TokenizerError: nothing loadable at `path`, an unknown kind, or bad tokenizer files.
+    """
+    if tf.io.gfile.isdir(path):
+        config_path = os.path.join(path, CONFIG_FILE)
+        if tf.io.gfile.exists(config_path):
+            configured = _load_configured(path, config_path)
+            if configured is not None:
+                return configured
+        names = set(tf.io.gfile.listdir(path))
+        if VOCAB_FILE in names:
+            return WordPieceTokenizer.from_vocab_file(os.path.join(path, VOCAB_FILE))
+        if BPE_VOCAB_FILE in names:
+            return load_bpe_files(os.path.join(path, BPE_VOCAB_FILE), os.path.join(path, BPE_MERGES_FILE))
+        if DEBERTA_SPM_FILE in names:
+            return DebertaSentencePieceTokenizer.from_model_file(os.path.join(path, DEBERTA_SPM_FILE))
+        model_files = sorted(n for n in names if n.endswith(".model"))
+        if SP_MODEL_FILE in names or len(model_files) == 1:
+            name = SP_MODEL_FILE if SP_MODEL_FILE in names else model_files[0]
+            return SentencePieceTokenizer.from_model_file(os.path.join(path, name))
+        raise TokenizerError(
+            f"'{path}' holds no {CONFIG_FILE}, {VOCAB_FILE}, {BPE_VOCAB_FILE} + {BPE_MERGES_FILE} "
+            f"or one *.model ({SP_MODEL_FILE}, {DEBERTA_SPM_FILE}): pass a directory written by "
+            "`python -m data.tokenizers train` or a published tokenizer's files"
+        )
+    if not tf.io.gfile.exists(path):
+        raise TokenizerError(f"no tokenizer at '{path}': pass a tokenizer directory or a vocab file")
+    if os.path.basename(path) == DEBERTA_SPM_FILE:
+        return DebertaSentencePieceTokenizer.from_model_file(path)
+    if path.endswith(".model"):
+        return SentencePieceTokenizer.from_model_file(path)
+    if path.endswith(".json"):
+        return load_bpe_files(path, os.path.join(os.path.dirname(path), BPE_MERGES_FILE))
+    return WordPieceTokenizer.from_vocab_file(path)
+
+
+def _load_configured(path: str, config_path: str) -> Tokenizer | None:
+    """The tokenizer our tokenizer_config.json names; None for a config without "kind" (e.g.
+    HF's own tokenizer_config.json), whose directory is then read by its files."""
+    with tf.io.gfile.GFile(config_path, "r") as f:
+        try:
+            config = json.loads(f.read())
+        except json.JSONDecodeError as e:
+            raise TokenizerError(
+                f"{config_path}: not valid JSON ({e}): rewrite it or train the tokenizer again"
+            ) from None
+    if not isinstance(config, dict) or "kind" not in config:
+        return None
+    kind = config["kind"]
+    load = base.kind_loader(kind)
+    if load is None:
+        raise TokenizerError(
+            f"{config_path}: unknown tokenizer kind {kind!r}: this version reads "
+            f"{', '.join(base.registered_kinds())}"
+        )
+    return load(path, config)
