@@ -8,7 +8,8 @@ DEMO_GIN ?= configs/runs/demo_deberta.gin
 # 8 fake CPU devices so sharding tests see a mesh; harmless for the demo (it uses them all).
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: demo demo-glue test test-fast install lint clean-demo bench bench-optimisations bench-peer-venv
+.PHONY: demo demo-glue test test-fast install lint clean-demo bench bench-optimisations bench-peer-venv \
+	check-accelerator-requirements
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +29,7 @@ demo: $(VENV)/.installed
 demo-glue: $(VENV)/.installed
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pretrain.demo --workdir=$(WORKDIR) --gin_file=$(DEMO_GIN)
 	$(PY) -m finetune.demo_task --output=$(WORKDIR)/glue_data
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m finetune.glue --init_checkpoint=$(WORKDIR)/run --tasks=word_order \
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m finetune.glue --init_from=$(WORKDIR)/run --tasks=word_order \
 		--glue_dir=$(WORKDIR)/glue_data --workdir=$(WORKDIR)/glue --gin_file=configs/glue/demo.gin
 	cat $(WORKDIR)/glue/results.md
 
@@ -64,15 +65,22 @@ bench-peer-venv: $(PEER_VENV)/.installed
 
 # Ours vs the peer, BERT-base, batch 32 x 128, float32 and bf16 compute, side by side
 # (about 14 minutes on 2 CPU cores).
-BENCH_ARGS ?= --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 --steps=5
+BENCH_ARGS ?= --gin_file=configs/models/bert_base.gin --batch_size=32 --seq_len=128 --steps=5
 bench: $(VENV)/.installed $(PEER_VENV)/.installed
 	$(PY) -m bench.compare $(BENCH_ARGS) --peer_python=$(PEER_VENV)/bin/python
 
 # What each optimisation buys: ours with and without it, alternating in one process
 # (BERT-base, batch 8 x 128, in bf16, then the float32 row; about 20 minutes on 2 CPU cores).
 bench-optimisations: $(VENV)/.installed $(PEER_VENV)/.installed
-	$(PY) -m bench.compare --gin_file=configs/models/bert_base.gin --batch=8 --seq=128 --steps=3 \
+	$(PY) -m bench.compare --gin_file=configs/models/bert_base.gin --batch_size=8 --seq_len=128 --steps=3 \
 		--dtypes=bfloat16,float32 --optimisations --peer_python=$(PEER_VENV)/bin/python
+
+# The accelerator requirement files resolve against the package index (network; nothing is
+# installed): what `pip install -r requirements-gpu.txt` / `-tpu.txt` would fetch.
+check-accelerator-requirements: $(VENV)/.installed
+	$(VENV)/bin/pip install --dry-run --ignore-installed --quiet -r requirements-gpu.txt
+	$(VENV)/bin/pip install --dry-run --ignore-installed --quiet -r requirements-tpu.txt
+	@echo "requirements-gpu.txt and requirements-tpu.txt resolve"
 
 clean-demo:
 	rm -rf $(WORKDIR)

@@ -10,7 +10,7 @@ Usage: ./launch_tpu.sh COMMAND --name NAME --zone ZONE [options] [-- TRAIN_ARGS.
 Commands
   create   create the TPU VM / pod slice (--type, --version; --spot or --queued use queued-resources)
   setup    copy this repository (its git-tracked files) to every worker and install
-           requirements.txt plus jax[tpu] into ~/REPO_DIR/.venv on each
+           requirements-tpu.txt (requirements.txt plus jax[tpu]) into ~/REPO_DIR/.venv on each
   run      start `python -m pretrain.train --workdir=WORKDIR TRAIN_ARGS...` on all workers
            in the background (same command on every host), output to --log on each worker
   tail     follow worker 0's log
@@ -46,7 +46,6 @@ Example (BERT-base on a v4-32):
 EOF
 }
 
-JAX_VERSION="0.10.2"  # keep equal to requirements.txt
 LIBTPU_INDEX="https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
 die() {
@@ -130,8 +129,7 @@ case "$command" in
     run_cmd git archive --format=tar.gz --output="$archive" HEAD
     run_cmd gcloud compute tpus tpu-vm scp "$archive" "$name":code.tar.gz "${where[@]}" --worker=all
     tpu_ssh all "mkdir -p $repo_dir && tar xzf code.tar.gz -C $repo_dir && cd $repo_dir \
-&& python3 -m venv .venv && .venv/bin/pip install --quiet -r requirements.txt \
-&& .venv/bin/pip install --quiet 'jax[tpu]==$JAX_VERSION' -f $LIBTPU_INDEX"
+&& python3 -m venv .venv && .venv/bin/pip install --quiet -r requirements-tpu.txt -f $LIBTPU_INDEX"
     ;;
   run)
     [[ -n "$workdir" ]] || die "run needs --workdir (a gs:// path, shared by all workers)"

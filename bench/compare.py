@@ -1,6 +1,6 @@
-"""Ours vs the peer (HF Flax BERT), side by side in one run, as ratios; what `make bench` runs.
+r"""Ours vs the peer (HF Flax BERT), side by side in one run, as ratios; what `make bench` runs.
 
-    python -m bench.compare --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 \
+    python -m bench.compare --gin_file=configs/models/bert_base.gin --batch_size=32 --seq_len=128 \
         [--dtypes=float32,bfloat16] [--steps=5] [--peer_python=.venv-peer/bin/python] \
         [--optimisations]
 
@@ -38,19 +38,23 @@ class BenchError(UserError):
 
 def build_parser():
     parser = cli.parser(__doc__, "bench.compare")
-    cli.add_gin_flags(parser, default_files=["configs/models/bert_base.gin"])
-    parser.add_argument("--batch", type=int, default=32, help="global batch (rows)")
-    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    cli.add_gin_flags(
+        parser, default_files=["configs/models/bert_base.gin"], example="EncoderConfig.num_layers = 6"
+    )
+    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="global batch (rows)")
+    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
     parser.add_argument(
         "--dtypes", default="float32,bfloat16", help="compute dtypes to compare, comma-separated"
     )
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per run")
+    parser.add_argument("--steps", type=cli.positive_int, default=5, help="timed steps per run")
     parser.add_argument(
         "--peer_python", default=".venv-peer/bin/python", help="python of the peer's virtualenv"
     )
     parser.add_argument(
         "--optimisations", action="store_true", help="also measure each optimisation on its own"
     )
+    cli.hidden_alias(parser, "--batch", "--batch_size")
+    cli.hidden_alias(parser, "--seq", "--seq_len")
     return parser
 
 
@@ -70,12 +74,13 @@ def _run(args) -> None:
     if not os.path.exists(os.path.join(ROOT, args.peer_python)):
         raise BenchError(f"no peer virtualenv at {args.peer_python}: run `make bench-peer-venv` first")
     gin_files = cli.gin_files(args)
-    shape = [f"--batch={args.batch}", f"--seq={args.seq}", f"--steps={args.steps}"]
+    shape = [f"--batch_size={args.batch_size}", f"--seq_len={args.seq_len}", f"--steps={args.steps}"]
     ours_command = [
         sys.executable,
         "-m",
         "bench.pretrain",
         *(f"--gin_file={g}" for g in gin_files),
+        *(f"--gin_bindings={b}" for b in args.gin_bindings),
         *shape,
     ]
     rows = []
@@ -88,16 +93,22 @@ def _run(args) -> None:
                 "bench.peer_hf",
                 f"--model={json.dumps(ours['config'])}",
                 *shape,
-                f"--predictions={ours['predictions']}",
+                f"--num_predictions={ours['predictions']}",
                 f"--dtype={dtype}",
             ]
         )
         rows.append((dtype, ours, peer))
     pipeline = _last_json(
-        [sys.executable, "-m", "bench.input_pipeline", f"--batch={args.batch}", f"--seq={args.seq}"]
+        [
+            sys.executable,
+            "-m",
+            "bench.input_pipeline",
+            f"--batch_size={args.batch_size}",
+            f"--seq_len={args.seq_len}",
+        ]
     )
 
-    print(f"\n{', '.join(gin_files)}, batch {args.batch} x {args.seq}, on {rows[0][1]['device']}\n")
+    print(f"\n{', '.join(gin_files)}, batch {args.batch_size} x {args.seq_len}, on {rows[0][1]['device']}\n")
     print("| dtype | code | tokens/s | model TFLOP/s | MFU (measured peak) | peak memory GB | ours / peer |")
     print("|---|---|---|---|---|---|---|")
     for dtype, ours, peer in rows:

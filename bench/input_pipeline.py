@@ -1,6 +1,6 @@
-"""Throughput of the tf.data input pipeline alone: instances + masking + batching.
+r"""Throughput of the tf.data input pipeline alone: instances + masking + batching.
 
-    python -m bench.input_pipeline [--data_dir=SHARDS] [--batch=32] [--seq=128] [--batches=200] \
+    python -m bench.input_pipeline [--data_dir=SHARDS] [--batch_size=32] [--seq_len=128] [--steps=200] \
         [--format=segment_pair|sentence_pair|full_sentences|doc_sentences]
 
 Reads `--data_dir` (output of data.preprocess), or synthetic shards of 200 documents
@@ -16,7 +16,7 @@ which are packed (several short examples per row, attention kept within each),
 `examples_per_row` is the mean number packed together and `unpacked_fill` the fill the
 same examples would have one per row: packing multiplies useful tokens/s by
 fill / unpacked_fill. Measured on real text with `make demo`'s shards:
-`--data_dir=workdirs/demo/data` (README "Performance").
+`--data_dir=workdirs/demo/data` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from core import cli
 def build_parser():
     parser = cli.parser(__doc__, "bench.input_pipeline")
     parser.add_argument("--data_dir", default=None, help="shards from data.preprocess (default: synthetic)")
-    parser.add_argument("--batch", type=int, default=32, help="rows per batch")
-    parser.add_argument("--seq", type=int, default=128, help="sequence length")
-    parser.add_argument("--batches", type=int, default=200, help="timed batches")
+    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="rows per batch")
+    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
+    parser.add_argument("--steps", type=cli.positive_int, default=200, help="timed batches")
     parser.add_argument(
         "--format",
         default="segment_pair",
@@ -49,6 +49,9 @@ def build_parser():
         choices=("token", "whole_word", "ngram", "span"),
         help="PipelineConfig.masking_unit (the others need a --data_dir with a word-start tokenizer)",
     )
+    cli.hidden_alias(parser, "--batch", "--batch_size")
+    cli.hidden_alias(parser, "--seq", "--seq_len")
+    cli.hidden_alias(parser, "--batches", "--steps")
     return parser
 
 
@@ -68,28 +71,30 @@ def _run(args) -> None:
             synthetic.make_documents(4, seed=1, first_id=190),
         )
     config = pipeline.PipelineConfig(
-        max_seq_length=args.seq,
-        max_predictions_per_seq=max(1, 20 * args.seq // 128),
+        max_seq_length=args.seq_len,
+        max_predictions_per_seq=max(1, 20 * args.seq_len // 128),
         format=args.format,
         sentence_objective="nsp" if args.format in ("segment_pair", "sentence_pair") else "none",
         masking_unit=args.masking_unit,
     )
-    iterator = iter(pipeline.make_dataset(data_dir, "train", config, args.batch))
+    iterator = iter(pipeline.make_dataset(data_dir, "train", config, args.batch_size))
     for _ in range(10):
         next(iterator)
     tokens = examples = 0
     start = time.perf_counter()
-    for _ in range(args.batches):
+    for _ in range(args.steps):
         batch = next(iterator)
         tokens += int(batch["input_mask"].numpy().sum())
         # Packed rows number their examples 1..k (example_ids); other formats hold one per row.
-        examples += int(batch["example_ids"].numpy().max(1).sum()) if "example_ids" in batch else args.batch
+        examples += (
+            int(batch["example_ids"].numpy().max(1).sum()) if "example_ids" in batch else args.batch_size
+        )
     seconds = time.perf_counter() - start
-    rows = args.batch * args.batches
+    rows = args.batch_size * args.steps
     packing = (
         {
             "examples_per_row": round(examples / rows, 3),
-            "unpacked_fill": round(tokens / (examples * args.seq), 4),
+            "unpacked_fill": round(tokens / (examples * args.seq_len), 4),
         }
         if args.format == "doc_sentences"
         else {}
@@ -98,13 +103,13 @@ def _run(args) -> None:
         json.dumps(
             {
                 "name": "input_pipeline",
-                "batch": args.batch,
-                "seq": args.seq,
+                "batch": args.batch_size,
+                "seq": args.seq_len,
                 "format": args.format,
                 "masking_unit": args.masking_unit,
-                "fill": round(tokens / (rows * args.seq), 4),
+                "fill": round(tokens / (rows * args.seq_len), 4),
                 **packing,
-                "examples_per_second": round(args.batch * args.batches / seconds, 1),
+                "examples_per_second": round(args.batch_size * args.steps / seconds, 1),
                 "tokens_per_second": round(tokens / seconds, 1),
                 "data_dir": args.data_dir or "synthetic",
             }

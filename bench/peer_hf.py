@@ -1,10 +1,10 @@
-"""The peer: HF transformers' Flax BERT pretraining step, timed like bench/pretrain.py.
+r"""The peer: HF transformers' Flax BERT pretraining step, timed like bench/pretrain.py.
 
 Runs in its own virtualenv (`make bench-peer-venv`: transformers==4.57.6, the last
 release with Flax models, with our jax/flax/optax pins); never import it from ours.
 
     .venv-peer/bin/python -m bench.peer_hf --model='{"vocab_size": 30522, ...}' \
-        --batch=32 --seq=128 --predictions=20 [--dtype=bfloat16] [--steps=10]
+        --batch_size=32 --seq_len=128 --num_predictions=20 [--dtype=bfloat16] [--steps=10]
 
 `--model` is our EncoderConfig as JSON (bench/compare.py passes it), so both sides
 train the identical architecture. The step is what HF's examples/flax
@@ -25,10 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import traverse_util
-from transformers import BertConfig, FlaxBertForPreTraining
 
 from bench import report
 from core import cli, flops
+from core.errors import UserError
+
+
+class PeerVenvError(UserError):
+    """Run outside the peer's virtualenv (transformers without Flax models)."""
 
 
 def build_parser():
@@ -36,17 +40,29 @@ def build_parser():
     parser.add_argument(
         "--model", required=True, help="our EncoderConfig as JSON (bench/compare.py passes it)"
     )
-    parser.add_argument("--batch", type=int, default=32, help="global batch (rows)")
-    parser.add_argument("--seq", type=int, default=128, help="sequence length")
-    parser.add_argument("--predictions", type=int, default=20, help="masked positions per row")
+    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="global batch (rows)")
+    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
+    parser.add_argument(
+        "--num_predictions", type=cli.positive_int, default=20, help="masked positions per row"
+    )
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
     parser.add_argument(
-        "--steps", type=int, default=10, help="timed steps after compilation and 2 warm-up steps"
+        "--steps", type=cli.positive_int, default=10, help="timed steps after compilation and 2 warm-up steps"
     )
+    cli.hidden_alias(parser, "--batch", "--batch_size")
+    cli.hidden_alias(parser, "--seq", "--seq_len")
+    cli.hidden_alias(parser, "--predictions", "--num_predictions")
     return parser
 
 
 def _run(args) -> None:
+    try:  # transformers 5 (our test venv) has no Flax models: only the peer venv's 4.57.6 does
+        from transformers import BertConfig, FlaxBertForPreTraining
+    except ImportError:
+        raise PeerVenvError(
+            "bench.peer_hf needs transformers==4.57.6 (Flax models): run `make bench-peer-venv`, "
+            "then .venv-peer/bin/python -m bench.peer_hf"
+        ) from None
     peak_flops = report.matmul_peak_flops(args.dtype)  # before the model exists: see report.py
     ours = json.loads(args.model)
     config = BertConfig(
@@ -64,7 +80,7 @@ def _run(args) -> None:
     )
     model = FlaxBertForPreTraining(config, seed=0, dtype=jnp.dtype(args.dtype))
 
-    batch = report.synthetic_batch(args.batch, args.seq, args.predictions, config.vocab_size)
+    batch = report.synthetic_batch(args.batch_size, args.seq_len, args.num_predictions, config.vocab_size)
     labels = np.zeros_like(batch["input_ids"])  # 0 = not predicted (the example's label mask is labels > 0)
     np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], axis=1)
     inputs = {
@@ -116,8 +132,8 @@ def _run(args) -> None:
     print(
         report.result_line(
             "peer_hf_flax",
-            batch=args.batch,
-            seq=args.seq,
+            batch=args.batch_size,
+            seq=args.seq_len,
             real_tokens_per_row=float(batch["input_mask"].sum(1).mean()),
             # Credited with the same model FLOPs as ours: its extra [B, L, V] work gets no credit.
             flops_per_row=flops.bert_pretraining(
@@ -125,15 +141,15 @@ def _run(args) -> None:
                 layers=ours["num_layers"],
                 intermediate=ours["intermediate_size"],
                 vocab=ours["vocab_size"],
-                seq=args.seq,
-                predictions=args.predictions,
+                seq=args.seq_len,
+                predictions=args.num_predictions,
                 embedding=ours.get("embedding_size"),
             ),
             dtype=args.dtype,
             compile_seconds=compile_seconds,
             seconds_per_step=seconds,
             peak_flops=peak_flops,
-            predictions=args.predictions,
+            predictions=args.num_predictions,
         )
     )
 

@@ -1,7 +1,7 @@
-"""Training-step benchmark of our pretraining code (the same step `pretrain.train` runs).
+r"""Training-step benchmark of our pretraining code (the same step `pretrain.train` runs).
 
-    python -m bench.pretrain --gin_file=configs/models/bert_base.gin --batch=32 --seq=128 \
-        [--dtype=bfloat16] [--steps=10] [--predictions=20] [--mesh=data:1] \
+    python -m bench.pretrain --gin_file=configs/models/bert_base.gin --batch_size=32 --seq_len=128 \
+        [--dtype=bfloat16] [--steps=10] [--num_predictions=20] [--mesh=data:1] \
         [--without=masked_decoding,donation,vocab_padding,f32_accumulation,dropout_bits] [--fused_attention] \
         [--dropout_prng=rbg] [--scan_layers] [--profile_dir=DIR]
 
@@ -53,11 +53,14 @@ OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding", "f32_accumulati
 
 def build_parser():
     parser = cli.parser(__doc__, "bench.pretrain")
-    cli.add_gin_flags(parser)
-    parser.add_argument("--batch", type=int, default=32, help="global batch (rows)")
-    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    cli.add_gin_flags(parser, example="EncoderConfig.num_layers = 6")
+    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="global batch (rows)")
+    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
     parser.add_argument(
-        "--predictions", type=int, default=None, help="masked positions per row (default 20 per 128 tokens)"
+        "--num_predictions",
+        type=cli.positive_int,
+        default=None,
+        help="masked positions per row (default 20 per 128 tokens)",
     )
     parser.add_argument(
         "--dtype",
@@ -66,7 +69,7 @@ def build_parser():
         help="compute dtype (params stay float32)",
     )
     parser.add_argument(
-        "--steps", type=int, default=10, help="timed steps after compilation and 2 warm-up steps"
+        "--steps", type=cli.positive_int, default=10, help="timed steps after compilation and 2 warm-up steps"
     )
     parser.add_argument("--mesh", default=None, help="e.g. data:8; default every device on data")
     parser.add_argument("--fake_devices", type=int, default=0, help="run on this many fake CPU devices")
@@ -95,13 +98,16 @@ def build_parser():
         "--paired", action="store_true", help="also time the default step, alternating with this variant"
     )
     parser.add_argument(
-        "--rounds", type=int, default=1, help="with --paired: alternate the two this many times"
+        "--rounds", type=cli.positive_int, default=1, help="with --paired: alternate the two this many times"
     )
     parser.add_argument(
         "--profile_dir",
         default=None,
         help="after timing, trace --steps more steps with jax.profiler here and summarise them",
     )
+    cli.hidden_alias(parser, "--batch", "--batch_size")
+    cli.hidden_alias(parser, "--seq", "--seq_len")
+    cli.hidden_alias(parser, "--predictions", "--num_predictions")
     return parser
 
 
@@ -128,8 +134,8 @@ def _run(args) -> None:
     from pretrain.objectives import make_objective
 
     peak_flops = report.matmul_peak_flops(args.dtype)  # before the model exists: see report.py
-    batch_size, seq = args.batch, args.seq
-    predictions = args.predictions or max(1, 20 * seq // 128)
+    batch_size, seq = args.batch_size, args.seq_len
+    predictions = args.num_predictions or max(1, 20 * seq // 128)
     without = set(args.without)
     cli.parse_gin(cli.gin_files(args), args.gin_bindings)
     partitioner = sharding.Partitioner.create(args.mesh)

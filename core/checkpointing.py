@@ -57,7 +57,9 @@ class IteratorMismatchError(CheckpointError):
     """An intact checkpoint whose data-iterator state another input pipeline wrote."""
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """An exception as `Type: message` on one line, cut at 300 characters (orbax's and
+    tensorstore's messages can run to pages)."""
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text[:300]}"
 
@@ -76,7 +78,7 @@ def check_writable(workdir: str) -> None:
         tf.io.gfile.remove(probe)
     except (tf.errors.OpError, OSError) as e:
         raise CheckpointError(
-            f"workdir '{workdir}' is not writable ({_one_line(e)}): "
+            f"workdir '{workdir}' is not writable ({one_line(e)}): "
             "choose another --workdir or fix its permissions"
         ) from None
 
@@ -161,13 +163,22 @@ def _through_orbax(tb: types.TracebackType | None) -> bool:
 
 
 def _from_orbax(record: logging.LogRecord) -> bool:
-    """An error orbax logged, or one logged about an exception raised in orbax's code
-    (asyncio's "Task exception was never retrieved" for orbax's write tasks)."""
+    """An error orbax logged, or one logged about an exception raised in orbax's or
+    tensorstore's code (asyncio's "Task exception was never retrieved" for orbax's write
+    and read tasks)."""
     if record.levelno < logging.ERROR or getattr(record, "released", False):
         return False
     return os.path.abspath(record.pathname).startswith(_ORBAX_DIR) or (
-        record.exc_info is not None and _through_orbax(record.exc_info[2])
+        record.exc_info is not None
+        and (_through_orbax(record.exc_info[2]) or _from_tensorstore(record.exc_info[1]))
     )
+
+
+def _from_tensorstore(error: BaseException | None) -> bool:
+    """An error tensorstore raised (its messages end with the `tensorstore_spec` of the
+    array): asyncio reports the reads of a damaged checkpoint that orbax left unawaited,
+    with a traceback that has no frame of orbax's."""
+    return error is not None and "tensorstore_spec=" in str(error)
 
 
 def _on_a_closed_loop(unraisable: Any) -> bool:
@@ -275,6 +286,21 @@ class _SaveReports(logging.Filter):
 _save_reports = _SaveReports()
 
 
+@contextlib.contextmanager
+def orbax_reports_held():
+    """Reading a checkpoint outside Checkpointer (core/workdir.py's `load_params`): orbax's
+    and tensorstore's reports of a damaged checkpoint ("Event loop is closed" for each
+    pending read) are held as a failed save's are, so the caller's one error line is all
+    the user sees; after a good read they go out as they came."""
+    _save_reports.begin()
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        _save_reports.end(failed)
+
+
 class Checkpointer:
     """Saves and restores (train state, data iterator) pairs in `workdir`."""
 
@@ -352,7 +378,7 @@ class Checkpointer:
         )
         what = f"checkpoint {step}" if step is not None else "a checkpoint"
         return CheckpointError(
-            f"saving {what} in {self.directory} failed ({_one_line(e)}); {kept}: "
+            f"saving {what} in {self.directory} failed ({one_line(e)}); {kept}: "
             "free space or fix the workdir, then run the same command to resume"
         )
 
@@ -399,7 +425,7 @@ class Checkpointer:
             log.warning(
                 "checkpoint step %d is damaged (%s): moved to %s, resuming from the one before",
                 step,
-                _one_line(error) if error else "damaged on another host",
+                one_line(error) if error else "damaged on another host",
                 moved,
             )
         return None, None

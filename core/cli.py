@@ -28,15 +28,66 @@ class GinError(ConfigError):
     """A gin file or binding that does not parse or names nothing."""
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written (its usage lines), each flag's default after its
+    help when it has one worth showing (not None, False or an empty list), and no hidden
+    aliases (`hidden_alias`)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        hidden = getattr(action, "hidden_aliases", ())
+        if not hidden:
+            return super()._format_action_invocation(action)
+        shown = [s for s in action.option_strings if s not in hidden]
+        return super()._format_action_invocation(
+            argparse.Action(shown, action.dest, nargs=action.nargs, metavar=action.metavar)
+        )
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        default = action.default
+        if "%(default)" in help_ or "(default" in help_ or not action.option_strings:
+            return help_
+        if default is None or default is False or default == [] or default is argparse.SUPPRESS:
+            return help_
+        return f"{help_} (default: %(default)s)"
+
+
 def parser(doc: str, prog: str) -> argparse.ArgumentParser:
-    """A parser whose --help starts with the tool's module docstring (usage lines kept as written)."""
-    return argparse.ArgumentParser(
-        prog=f"python -m {prog}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    """A parser whose --help starts with the tool's module docstring (usage lines kept as
+    written) and shows each flag's default."""
+    return argparse.ArgumentParser(prog=f"python -m {prog}", description=doc, formatter_class=_HelpFormatter)
 
 
-def add_gin_flags(parser: argparse.ArgumentParser, default_files: Sequence[str] = ()) -> None:
-    """--gin_file (repeatable, applied in order) and --gin_bindings (repeatable, applied last)."""
+def positive_int(text: str) -> int:
+    """argparse type of counts and sizes: an integer >= 1 (anything else is a usage error
+    naming the flag, before any work starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def hidden_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Accepts `old` as another spelling of the flag `new` (docs/cli.md: the flag vocabulary):
+    the same action (type, default, required), not listed in --help or the usage line."""
+    action = next(a for a in parser._actions if new in a.option_strings)
+    action.option_strings.append(old)
+    parser._option_string_actions[old] = action
+    hidden = getattr(action, "hidden_aliases", ())
+    action.hidden_aliases = (*hidden, old)
+
+
+def add_gin_flags(
+    parser: argparse.ArgumentParser,
+    default_files: Sequence[str] = (),
+    example: str = "run.steps = 100",
+) -> None:
+    """--gin_file (repeatable, applied in order) and --gin_bindings (repeatable, applied last);
+    `--gin.NAME=VALUE` (t5x's spelling) is one more binding (see `entry`). `example` is a
+    binding this tool accepts, shown in --help."""
     default = f" (default: {', '.join(default_files)})" if default_files else ""
     parser.add_argument(
         "--gin_file",
@@ -50,9 +101,26 @@ def add_gin_flags(parser: argparse.ArgumentParser, default_files: Sequence[str] 
         action="append",
         default=[],
         metavar="BINDING",
-        help="gin binding applied after the files, repeatable, e.g. 'run.steps = 100'",
+        help=f"gin binding applied after the files, repeatable, e.g. '{example}'; "
+        f"--gin.NAME=VALUE is the same as --gin_bindings='NAME = VALUE'",
     )
     parser.set_defaults(default_gin_files=list(default_files))
+
+
+def gin_dot_flags(argv: Sequence[str]) -> list[str]:
+    """t5x's `--gin.NAME=VALUE` (or `--gin.NAME VALUE`) rewritten as
+    `--gin_bindings=NAME = VALUE`; every other argument unchanged, in order."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg.startswith("--gin.") and len(arg) > len("--gin."):
+            name, sep, value = arg[len("--gin.") :].partition("=")
+            if not sep:
+                value = next(args, "")
+            out.append(f"--gin_bindings={name} = {value}")
+        else:
+            out.append(arg)
+    return out
 
 
 def gin_files(args: argparse.Namespace) -> list[str]:
@@ -84,7 +152,7 @@ def entry(
     """The tool's `main(argv=None) -> exit status`: parse, run, report user errors in one line."""
 
     def main(argv: Sequence[str] | None = None) -> int:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(gin_dot_flags(sys.argv[1:] if argv is None else argv))
         try:
             status = run(args)
         except UserError as e:

@@ -8,7 +8,7 @@ linearly decayed to 0 at `total_steps`. The decay runs over the *whole* run
 `polynomial_decay(..., num_train_steps)` with warmup overriding the first steps
 (`warmup_linear_decay` form "bert").
 
-One deviation, named here and in the README: the original `AdamWeightDecayOptimizer`
+One deviation, named here and in docs/recipes.md: the original `AdamWeightDecayOptimizer`
 has no bias correction of the moments; optax's Adam has it (as do HF and fairseq).
 Its effect is confined to the first few thousand steps, which are in warmup anyway.
 

@@ -17,7 +17,7 @@ Measured on an AMD EPYC (2 vCPUs): an 8 x 12 x 128 x 128 mask of models/dropout.
 16-bit draws per threefry block; 16 bits per element from rbg's bit generator) took 0.99 ms
 with threefry and 13.4 ms with rbg or unsafe_rbg (as `jax.random.bernoulli`, before those
 masks: 6.8 against 15.9 ms), so the default stays threefry; the choice is for accelerators
-(README "Performance").
+(docs/performance.md).
 """
 
 from __future__ import annotations

@@ -115,3 +115,12 @@ class Throughput:
             "train_seconds": seconds,
             "tokens_per_second": self._tokens / seconds if seconds > 0 else None,
         }
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as the progress line shows it: `HH:MM:SS`, with days in front from 24 hours
+    on (`3d 01:00:00`, where `%H:%M:%S` would wrap to `01:00:00`)."""
+    total = max(0, round(seconds))
+    days, rest = divmod(total, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}d {clock}" if days else clock

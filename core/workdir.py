@@ -23,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow as tf
 
-from core.checkpointing import saved_tree
+from core.checkpointing import one_line, orbax_reports_held, saved_tree
 from core.errors import UserError
 
 MODEL_CONFIG = "model_config.json"
@@ -68,18 +68,24 @@ def read_config(workdir: str, config_class: type[Config]) -> Config:
     return config_class(**fields)
 
 
-def latest_step(workdir: str) -> int:
-    """The newest finished checkpoint step of the workdir."""
+def finished_steps(workdir: str) -> list[int]:
+    """The steps of the workdir's checkpoints that hold a `state` item, ascending."""
     directory = os.path.join(workdir, CHECKPOINTS_DIR)
     steps = (
         [int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory) if name.rstrip("/").isdigit()]
         if tf.io.gfile.isdir(directory)
         else []
     )
-    steps = [s for s in steps if tf.io.gfile.exists(os.path.join(directory, str(s), "state"))]
+    return sorted(s for s in steps if tf.io.gfile.exists(os.path.join(directory, str(s), "state")))
+
+
+def latest_step(workdir: str) -> int:
+    """The newest finished checkpoint step of the workdir."""
+    steps = finished_steps(workdir)
     if not steps:
+        directory = os.path.join(workdir, CHECKPOINTS_DIR)
         raise WorkdirError(f"no finished checkpoint in '{directory}': pretraining has not saved one yet")
-    return max(steps)
+    return steps[-1]
 
 
 def save_params(workdir: str, params: Any, step: int = 0) -> None:
@@ -94,18 +100,31 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
     Restores only the `params` subtree (not the optimizer state) onto the host, so any
     device count can read a checkpoint written on any mesh.
     """
-    step = latest_step(workdir) if step is None else step
+    if step is None:
+        step = latest_step(workdir)
+    elif step not in (steps := finished_steps(workdir)):
+        raise WorkdirError(
+            f"no checkpoint step {step} in '{workdir}' (it has steps {steps}): pick one of those"
+        )
     path = os.path.join(absolute(workdir), CHECKPOINTS_DIR, str(step), "state")
     checkpointer = ocp.PyTreeCheckpointer()
     try:
-        params_metadata = saved_tree(path)["params"]
-        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_metadata)
-        restored = checkpointer.restore(
-            path,
-            args=ocp.args.PyTreeRestore(
-                item={"params": params_metadata}, restore_args={"params": restore_args}, partial_restore=True
-            ),
-        )
-    except (FileNotFoundError, KeyError, ValueError) as e:
-        raise WorkdirError(f"cannot read the parameters of checkpoint {step} in '{workdir}': {e}") from None
+        with orbax_reports_held():
+            params_metadata = saved_tree(path)["params"]
+            restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_metadata)
+            restored = checkpointer.restore(
+                path,
+                args=ocp.args.PyTreeRestore(
+                    item={"params": params_metadata},
+                    restore_args={"params": restore_args},
+                    partial_restore=True,
+                ),
+            )
+    # orbax and tensorstore raise whatever a damaged file makes them (ValueError, KeyError,
+    # AttributeError on missing metadata, tensorstore's own errors): all mean "unreadable".
+    except Exception as e:  # pylint: disable=broad-except
+        raise WorkdirError(
+            f"cannot read the parameters of checkpoint {step} in '{workdir}' ({one_line(e)}): it is "
+            "damaged or incomplete; pick another with --step, or import or train it again"
+        ) from None
     return restored["params"], step

@@ -138,9 +138,9 @@ def split_sentences(text: str) -> list[str]:
 
 
 def is_heldout(doc: Document, eval_fraction: float) -> bool:
-    """Whether `doc` belongs to the held-out (eval) split.
+    r"""Whether `doc` belongs to the held-out (eval) split.
 
-    A pure function of the document's text (sha256 of its sentences joined by "\\n",
+    A pure function of the document's text (sha256 of its sentences joined by "\n",
     read as a number in [0, 1)), so the split is the same in any order, in a stream, and
     across runs; about `eval_fraction` of distinct documents are held out.
     """
@@ -242,7 +242,7 @@ def _read_text_file(path: str, max_line_chars: int) -> Iterator[Document]:
 
 
 def _line_chunks(path: str, limit: int) -> Iterator[bytes]:
-    """The lines of a file (gzip-decompressed if it ends in .gz), as bytes with their line
+    r"""The lines of a file (gzip-decompressed if it ends in .gz), as bytes with their line
     ending; a line longer than `limit` bytes comes as several chunks, only the last ending
     in b"\n"."""
     try:

@@ -470,6 +470,21 @@ def _manifest_fields(
     }
 
 
+def _check_options(
+    num_shards: int, num_eval_shards: int, eval_fraction: float, num_workers: int | None
+) -> None:
+    """Refuses counts that cannot make shards, before anything is read or written."""
+    for flag, value in (("--num_shards", num_shards), ("--num_eval_shards", num_eval_shards)):
+        if value < 1:
+            raise PreprocessError(f"{flag}={value}: write at least 1 (a shard file per host or more)")
+    if num_workers is not None and num_workers < 1:
+        raise PreprocessError(
+            f"--num_workers={num_workers}: write at least 1, or leave it out for one per core"
+        )
+    if not 0 <= eval_fraction < 1:
+        raise PreprocessError(f"--eval_fraction={eval_fraction}: write a fraction in [0, 1), e.g. 0.02")
+
+
 def preprocess(
     corpus: str,
     tokenizer_path: str,
@@ -486,6 +501,7 @@ def preprocess(
     log=print,
 ) -> shards.Manifest:
     """Writes the shards and the manifest; returns the manifest. See the module docstring."""
+    _check_options(num_shards, num_eval_shards, eval_fraction, num_workers)
     corpus_kwargs = corpus_kwargs or {}
     tokenizer = tokenizers.load_tokenizer(tokenizer_path)
     options = dict(
@@ -527,13 +543,18 @@ def build_parser():
         "--tokenizer", required=True, help="tokenizer directory (data.tokenizers train, or published files)"
     )
     parser.add_argument("--output", required=True, help="directory for the shards and manifest.json")
-    parser.add_argument("--num_shards", type=int, default=8, help="training shard files (>= the hosts)")
-    parser.add_argument("--num_eval_shards", type=int, default=1, help="held-out shard files")
+    parser.add_argument(
+        "--num_shards", type=cli.positive_int, default=8, help="training shard files (>= the hosts)"
+    )
+    parser.add_argument("--num_eval_shards", type=cli.positive_int, default=1, help="held-out shard files")
     parser.add_argument(
         "--eval_fraction", type=float, default=0.02, help="fraction of documents held out (by a hash)"
     )
     parser.add_argument(
-        "--num_workers", type=int, default=None, help="tokenizing processes (default: the cores, at most 8)"
+        "--num_workers",
+        type=cli.positive_int,
+        default=None,
+        help="tokenizing processes (default: the cores, at most 8)",
     )
     parser.add_argument(
         "--max_single_sentence_fraction",
@@ -542,7 +563,10 @@ def build_parser():
         help="more one-sentence documents than this is an error (a text file not one sentence per line)",
     )
     parser.add_argument(
-        "--max_line_chars", type=int, default=100_000, help="a longer line in a text corpus is an error"
+        "--max_line_chars",
+        type=cli.positive_int,
+        default=100_000,
+        help="a longer line in a text corpus is an error",
     )
     parser.add_argument(
         "--shuffle_seed",

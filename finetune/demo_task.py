@@ -76,9 +76,9 @@ def make_task(output: str, train: int = 7000, dev: int = 1000, test: int = 1000,
 def build_parser():
     parser = cli.parser(__doc__, "finetune.demo_task")
     parser.add_argument("--output", required=True, help="folder to write WordOrder/ into")
-    parser.add_argument("--train", type=int, default=7000, help="training sentences")
-    parser.add_argument("--dev", type=int, default=1000, help="dev sentences")
-    parser.add_argument("--test", type=int, default=1000, help="test sentences")
+    parser.add_argument("--train", type=cli.positive_int, default=7000, help="training sentences")
+    parser.add_argument("--dev", type=cli.positive_int, default=1000, help="dev sentences")
+    parser.add_argument("--test", type=cli.positive_int, default=1000, help="test sentences")
     parser.add_argument("--seed", type=int, default=0, help="which sentences, which are shuffled, and how")
     return parser
 

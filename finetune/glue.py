@@ -1,10 +1,10 @@
-"""GLUE: fine-tune a pretrained workdir on the tasks, evaluate, write a leaderboard submission.
+r"""GLUE: fine-tune a pretrained workdir on the tasks, evaluate, write a leaderboard submission.
 
-    python -m finetune.glue --init_checkpoint=WORKDIR --tasks=all|cola,sst2,... \
+    python -m finetune.glue --init_from=WORKDIR --tasks=all|cola,sst2,... \
         (--glue_dir=DIR | --tfds) --workdir=OUT [--gin_file=configs/glue/bert.gin] \
         [--gin_bindings='Grid.seeds=(0,1,2)'] [--mesh=data:4,fsdp:2,tensor:1]
 
-`--init_checkpoint` is a pretraining workdir (model_config.json, tokenizer/, checkpoints/;
+`--init_from` is a pretraining workdir (model_config.json, tokenizer/, checkpoints/;
 core/workdir.py). Started again with the same `--workdir`, finished runs are read
 back, not trained again. Writes into OUT:
 
@@ -41,7 +41,7 @@ log = logging.getLogger("finetune")
 
 
 def run_glue(
-    init_checkpoint: str,
+    init_from: str,
     tasks_spec: str,
     workdir: str,
     *,
@@ -63,7 +63,7 @@ def run_glue(
     selected = tasks.parse_tasks(tasks_spec)
     start = time.time()
     setting = _Setting(
-        pretrained=bundle.load_pretrained(init_checkpoint),
+        pretrained=bundle.load_pretrained(init_from),
         partitioner=sharding.Partitioner.create(mesh_spec),
         workdir=workdir,
         main_process=jax.process_index() == 0,
@@ -81,7 +81,7 @@ def run_glue(
         submissions += results[task.name]["submission_files"]
 
     summary = {
-        "init_checkpoint": init_checkpoint,
+        "init_from": init_from,
         "pretrained_step": setting.pretrained.step,
         "source": "tfds" if use_tfds else glue_dir,
         "glue_score": metrics.glue_score({name: entry["score_median"] for name, entry in results.items()}),
@@ -258,9 +258,7 @@ def _write_summary(workdir: str, summary: dict[str, Any]) -> None:
 
 def build_parser():
     parser = cli.parser(__doc__, "finetune.glue")
-    parser.add_argument(
-        "--init_checkpoint", required=True, help="pretraining (or imported) workdir to start from"
-    )
+    parser.add_argument("--init_from", required=True, help="pretraining (or imported) workdir to start from")
     parser.add_argument(
         "--tasks", default="all", help="'all' (the nine tasks and AX) or a list, e.g. 'cola,sst2,mnli,ax'"
     )
@@ -270,8 +268,9 @@ def build_parser():
     parser.add_argument("--tfds", action="store_true", help="read TFDS glue/<task> instead of --glue_dir")
     parser.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir (default: TFDS's own)")
     parser.add_argument("--workdir", required=True, help="where runs, results and the submission go")
-    cli.add_gin_flags(parser, default_files=["configs/glue/bert.gin"])
+    cli.add_gin_flags(parser, default_files=["configs/glue/bert.gin"], example="Grid.seeds = (0, 1, 2)")
     cli.add_mesh_flags(parser)
+    cli.hidden_alias(parser, "--init_checkpoint", "--init_from")
     return parser
 
 
@@ -288,7 +287,7 @@ def _run(args) -> None:
     logging.getLogger("finetune").setLevel(logging.INFO)
     cli.parse_gin(cli.gin_files(args), args.gin_bindings)
     summary = run_glue(
-        args.init_checkpoint,
+        args.init_from,
         args.tasks,
         args.workdir,
         glue_dir=args.glue_dir,

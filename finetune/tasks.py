@@ -334,8 +334,8 @@ def task_file(glue_dir: str, task: Task, stem: str) -> str:
 
 
 def _raw_lines(path: str, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
-    """The file's lines as bytes, split on b"\\n" only (GFile's own line iterator drops
-    '\\r', and universal newlines would split a row at a bare '\\r' inside a field)."""
+    r"""The file's lines as bytes, split on b"\n" only (GFile's own line iterator drops
+    '\r', and universal newlines would split a row at a bare '\r' inside a field)."""
     with tf.io.gfile.GFile(path, "rb") as f:
         pending = b""
         while chunk := f.read(chunk_bytes):
@@ -346,7 +346,7 @@ def _raw_lines(path: str, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) of a UTF-8 file; a final '\\r' (CRLF files) is removed."""
+    r"""(1-based line number, text) of a UTF-8 file; a final '\r' (CRLF files) is removed."""
     for number, raw in enumerate(_raw_lines(path), 1):
         try:
             text = raw.decode("utf-8-sig" if number == 1 else "utf-8")

@@ -1,7 +1,7 @@
 """A pretrained model as the rest of the codebase sees it: config, parameters, tokenizer.
 
 Reads and writes model workdirs (the layout is core/workdir.py): GLUE fine-tuning
-(`--init_checkpoint`), checkpoint export, feature extraction, fill-mask and continued
+(`--init_from`), checkpoint export, feature extraction, fill-mask and continued
 pretraining (`run.init_from`, interop/warm_start.py) all go through `load_pretrained`, so
 they never need the gin files of the run. The parameters are those of the pretraining tree
 as readers see it (models/trees.py); its `encoder` subtree is the model every later stage

@@ -1,7 +1,7 @@
-"""Feature extraction: a workdir's encoder over lines of text -> an npz of hidden states.
+r"""Feature extraction: a workdir's encoder over lines of text -> an npz of hidden states.
 
     python -m interop.encode --workdir=W --input=FILE.txt --output=OUT.npz \
-        [--max_seq_length=128] [--batch_size=32] [--step=N]
+        [--seq_len=128] [--batch_size=32] [--step=N]
 
 Each line of FILE.txt is one sentence, or a sentence pair separated by a tab. Inputs are
 built as in BERT: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, segment ids 0 for A and 1
@@ -134,22 +134,24 @@ def build_parser():
     parser.add_argument("--input", required=True, help="text file: one sentence or A<TAB>B per line")
     parser.add_argument("--output", required=True, help="npz file to write")
     parser.add_argument(
-        "--max_seq_length", type=int, default=None, help="tokens per row (default: 128, or the model's limit)"
+        "--seq_len",
+        type=cli.positive_int,
+        default=None,
+        help="tokens per row (default: 128, or the model's limit)",
     )
-    parser.add_argument("--batch_size", type=int, default=32, help="rows per forward pass")
+    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="rows per forward pass")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    cli.hidden_alias(parser, "--max_seq_length", "--seq_len")
     return parser
 
 
 def _run(args) -> None:
     pretrained = bundle.load_pretrained(args.workdir, args.step)
     config = pretrained.config
-    max_seq_length = min(128, config.max_length) if args.max_seq_length is None else args.max_seq_length
+    max_seq_length = min(128, config.max_length) if args.seq_len is None else args.seq_len
     if max_seq_length < 3:
-        raise EncodeError(
-            f"--max_seq_length={max_seq_length} is too short: a row needs [CLS], [SEP] and text"
-        )
-    config.check_length(max_seq_length, "--max_seq_length")
+        raise EncodeError(f"--seq_len={max_seq_length} is too short: a row needs [CLS], [SEP] and text")
+    config.check_length(max_seq_length, "--seq_len")
     inputs = build_inputs(pretrained.tokenizer, read_lines(args.input), max_seq_length)
     out = encode(pretrained, inputs, args.batch_size)
     buffer = io.BytesIO()  # zipfile seeks, which a GFile opened for writing cannot

@@ -98,7 +98,7 @@ def build_parser():
     parser.add_argument(
         "--text", action="append", required=True, help="text with mask tokens, e.g. [MASK] (repeatable)"
     )
-    parser.add_argument("--top_k", type=int, default=5, help="candidates shown per mask")
+    parser.add_argument("--top_k", type=cli.positive_int, default=5, help="candidates shown per mask")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     return parser
 

@@ -20,15 +20,20 @@ from models.pretraining import VOCAB_ROWS, resize_vocab_rows
 log = logging.getLogger(__name__)
 
 
-def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: shards.Manifest) -> Any:
-    """`params` (the fresh, sharded pretraining tree) with every parameter `init_from` has:
-    continued pretraining from one of our workdirs or an imported published model.
+def check_source(init_from: str, manifest: shards.Manifest) -> None:
+    """Fails, before a run writes anything, when `init_from` is not a model to start from:
+    no finished checkpoint, no tokenizer/, or another tokenizer than the shards'."""
+    try:
+        workdir_lib.latest_step(init_from)
+    except WorkdirError as e:
+        raise WorkdirError(
+            f"run.init_from '{init_from}': {e} "
+            "(it takes a workdir of pretrain.train or interop.convert import)"
+        ) from None
+    _check_tokenizer(init_from, manifest)
 
-    A parameter the source lacks (an imported `BertModel` has no MLM or NSP head, RoBERTa no
-    sentence head) keeps its fresh init, with a log line; a parameter of another shape, or
-    one the model does not have, is an error, as is a tokenizer other than the shards'.
-    Returns the tree with each array placed with its sharding.
-    """
+
+def _check_tokenizer(init_from: str, manifest: shards.Manifest) -> None:
     source_identity = _tokenizer_identity(init_from)
     shards_identity = manifest.tokenizer or None
     if shards_identity is not None and source_identity != shards_identity:
@@ -38,6 +43,18 @@ def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: sha
             f"{shards_identity.get('kind')} {shards_identity.get('vocab_size')}): preprocess the "
             f"corpus with --tokenizer={os.path.join(init_from, TOKENIZER_DIR)}"
         )
+
+
+def warm_start_params(init_from: str, params: Any, shardings: Any, manifest: shards.Manifest) -> Any:
+    """`params` (the fresh, sharded pretraining tree) with every parameter `init_from` has:
+    continued pretraining from one of our workdirs or an imported published model.
+
+    A parameter the source lacks (an imported `BertModel` has no MLM or NSP head, RoBERTa no
+    sentence head) keeps its fresh init, with a log line; a parameter of another shape, or
+    one the model does not have, is an error, as is a tokenizer other than the shards'.
+    Returns the tree with each array placed with its sharding.
+    """
+    _check_tokenizer(init_from, manifest)
     source, step = workdir_lib.load_params(init_from)
     target = traverse_util.flatten_dict(params)
     # Another vocab_pad_multiple only adds or drops rows that are never used.
@@ -78,6 +95,7 @@ def _tokenizer_identity(workdir: str) -> dict:
     tokenizer_dir = os.path.join(workdir, TOKENIZER_DIR)
     if not tf.io.gfile.isdir(tokenizer_dir):
         raise WorkdirError(
-            f"no {TOKENIZER_DIR}/ in '{workdir}': pass a workdir of pretrain.train or interop.convert"
+            f"no {TOKENIZER_DIR}/ in '{workdir}': run.init_from takes a workdir of pretrain.train or "
+            "interop.convert import"
         )
     return tokenizers.load_tokenizer(tokenizer_dir).identity()

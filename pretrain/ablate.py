@@ -1,4 +1,4 @@
-"""Runs every arm of an ablation grid with the same data, seed and token budget, and compares them.
+r"""Runs every arm of an ablation grid with the same data, seed and token budget, and compares them.
 
     python -m pretrain.ablate configs/ablations/sentence_objective --workdir=DIR \
         --data_dir=SHARDS [--gin_file=configs/runs/demo.gin] [--steps=N] [--gin_bindings=...]
@@ -142,7 +142,7 @@ def finetune_demo(workdir: str, glue_dir: str, gin_file: str) -> dict:
     """Fine-tunes one arm's model on the offline GLUE demo task (finetune/demo_task.py) in
     its own process, into ARM_glue/; returns its results.json (`tasks.word_order`)."""
     out = f"{workdir}_glue"
-    command = ["finetune.glue", f"--init_checkpoint={workdir}", "--tasks=word_order"]
+    command = ["finetune.glue", f"--init_from={workdir}", "--tasks=word_order"]
     command += [f"--glue_dir={glue_dir}", f"--workdir={out}", f"--gin_file={gin_file}"]
     run_tool(f"{os.path.basename(workdir)}: fine-tuning", command, f"{out}.stderr.log")
     with open(os.path.join(out, "results.json")) as f:
@@ -222,7 +222,7 @@ def build_parser():
     cli.add_gin_flags(parser, default_files=["configs/runs/demo.gin"])
     parser.add_argument(
         "--steps",
-        type=int,
+        type=cli.positive_int,
         default=None,
         help="training steps of every arm (budget flops: of the costliest arm); default: the base run's",
     )

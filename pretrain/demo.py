@@ -1,7 +1,7 @@
 """`make demo`: a small model pretrained on the English documentation that ships with CPython.
 
-    python -m pretrain.demo --workdir=workdirs/demo [--gin_file=configs/runs/demo.gin]
-        [--gin_bindings=run.steps=100]
+    python -m pretrain.demo --workdir=workdirs/demo [--gin_file=configs/runs/demo.gin ...]
+        [--gin_bindings='run.steps = 100' ...]
 
 1. trains a WordPiece vocabulary on the embedded demo corpus (data.corpora "demo"),
 2. preprocesses the corpus into shards (train / held-out documents),
@@ -35,11 +35,10 @@ _NUM_EXAMPLES = 6
 def build_parser():
     parser = cli.parser(__doc__, "pretrain.demo")
     parser.add_argument("--workdir", default="workdirs/demo", help="where everything goes")
-    parser.add_argument("--gin_file", default=_GIN_FILE, help="the run's gin file")
+    cli.add_gin_flags(parser, default_files=[_GIN_FILE])
     parser.add_argument(
-        "--gin_bindings", action="append", default=[], help="extra gin binding for the run, repeatable"
+        "--vocab_size", type=cli.positive_int, default=8192, help="WordPiece vocabulary size to train"
     )
-    parser.add_argument("--vocab_size", type=int, default=8192, help="WordPiece vocabulary size to train")
     return parser
 
 
@@ -182,9 +181,10 @@ def _run(args) -> None:
             f"'{data_dir}' holds shards an older version made: start the demo afresh with "
             f"`make clean-demo` (rm -rf {workdir})"
         ) from None
-    print(f"[3/4] pretraining {args.gin_file} -> {run_dir}")
+    gin_files = cli.gin_files(args)
+    print(f"[3/4] pretraining {' + '.join(gin_files)} -> {run_dir}")
     cli.parse_gin(
-        [args.gin_file],
+        gin_files,
         [
             f"EncoderConfig.vocab_size = {tokenizer.vocab_size}",
             f"run.data_dir = '{data_dir}'",
@@ -202,7 +202,7 @@ def _run(args) -> None:
                 if getattr(saved, f.name) != getattr(model_config, f.name)
             ]
             raise workdir_lib.WorkdirError(
-                f"'{run_dir}' holds a run of another model than {args.gin_file}'s (EncoderConfig "
+                f"'{run_dir}' holds a run of another model than {' + '.join(gin_files)}'s (EncoderConfig "
                 f"differs in {', '.join(differ)}): start the demo afresh with `make clean-demo` "
                 f"(rm -rf {workdir}), or pass another --workdir"
             )

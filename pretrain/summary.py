@@ -1,4 +1,4 @@
-"""CLI: parameter count and training FLOPs of a pretraining recipe's model.
+r"""CLI: parameter count and training FLOPs of a pretraining recipe's model.
 
     python -m pretrain.summary --gin_file=configs/models/bert_base.gin \
         [--gin_file=configs/recipes/roberta.gin] [--gin_bindings='EncoderConfig.num_layers = 6'] \
@@ -31,9 +31,12 @@ from core import cli
 
 def build_parser():
     parser = cli.parser(__doc__, "pretrain.summary")
-    cli.add_gin_flags(parser)
+    cli.add_gin_flags(parser, example="EncoderConfig.num_layers = 6")
     parser.add_argument(
-        "--seq_len", type=int, default=None, help="tokens per row, s (default: PipelineConfig.max_seq_length)"
+        "--seq_len",
+        type=cli.positive_int,
+        default=None,
+        help="tokens per row, s (default: PipelineConfig.max_seq_length)",
     )
     parser.add_argument(
         "--num_predictions",

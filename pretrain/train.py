@@ -1,7 +1,11 @@
-"""Pretraining CLI.
+r"""Pretraining CLI.
 
     python -m pretrain.train --gin_file=configs/runs/demo.gin --workdir=DIR \
         [--gin_bindings='run.steps=100' ...] [--mesh=data:4,fsdp:2,tensor:1]
+
+The model's vocabulary size is the shards' (their manifest.json records the tokenizer's):
+a model gin file's `EncoderConfig.vocab_size` (the published vocabulary's) gives way to it,
+with a log line; one bound on the command line (--gin_bindings) must match it.
 
 Started again with the same workdir, it resumes from the latest checkpoint. SIGTERM or
 SIGINT (a preemption notice, Ctrl-C) stops after the current step with a checkpoint and
@@ -10,7 +14,10 @@ exit status 0. A problem with the config, data or workdir is one `error:` line, 
 
 from __future__ import annotations
 
+import logging
+import re
 import sys
+from collections.abc import Sequence
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
@@ -25,6 +32,39 @@ def build_parser():
     return parser
 
 
+# A command-line binding of the vocabulary size, however the configurable is named.
+_VOCAB_BINDING = re.compile(r"^\s*([\w.]+\.)?EncoderConfig\.vocab_size\s*=")
+
+
+def vocab_size_from_shards(command_line_bindings: Sequence[str]) -> str | None:
+    """Binds EncoderConfig.vocab_size to the shards' (run.data_dir's manifest) unless the
+    command line binds it (then the trainer checks that it matches). Call after the gin
+    files are parsed. Returns the log line when it overrides the gin files' value, else None."""
+    import gin
+
+    from data import shards
+
+    if any(_VOCAB_BINDING.match(b) for b in command_line_bindings):
+        return None
+    try:
+        data_dir = gin.query_parameter("run.data_dir")
+    except ValueError:  # unset: the trainer says so in its own words
+        return None
+    vocab_size = shards.load_manifest(data_dir).vocab_size
+    try:
+        configured = gin.query_parameter("EncoderConfig.vocab_size")
+    except ValueError:
+        configured = None
+    with gin.unlock_config():
+        gin.bind_parameter("EncoderConfig.vocab_size", vocab_size)
+    if configured is None or configured == vocab_size:
+        return None
+    return (
+        f"EncoderConfig.vocab_size = {vocab_size}, the shards' tokenizer's (the gin files say {configured}, "
+        "a published vocabulary's)"
+    )
+
+
 def _run(args) -> None:
     import jax
     import tensorflow as tf
@@ -36,6 +76,9 @@ def _run(args) -> None:
     tf.config.set_visible_devices([], "GPU")  # tf.data only: keep TF off the accelerators
     cli.setup_logging(jax.process_index() == 0)
     cli.parse_gin(cli.gin_files(args), args.gin_bindings)
+    overridden = vocab_size_from_shards(args.gin_bindings)
+    if overridden:
+        logging.getLogger("pretrain").info(overridden)
     summary = trainer.run(args.workdir, mesh_spec=args.mesh)
     if summary.get("stopped_by"):  # preempted: the checkpoint is written, exit 0 so schedulers restart us
         print(f"stopped by {summary['stopped_by']} at step {summary['step']}: run the same command to resume")

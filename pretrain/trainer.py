@@ -27,13 +27,14 @@ import numpy as np
 import tensorflow as tf
 
 from core import checkpointing, prng, sharding
+from core import workdir as workdir_lib
 from core.checkpointing import Checkpointer
 from core.errors import ConfigError
 from core.metrics_log import MetricsWriter
 from core.optim import adamw
 from core.preemption import StopWatcher
 from core.state import TrainState, params_sha256
-from core.throughput import Throughput
+from core.throughput import Throughput, format_duration
 from data import pipeline, shards
 from interop import bundle, warm_start
 from models.encoder import EncoderConfig
@@ -190,6 +191,8 @@ class Trainer:
         self.local_batch = sharding.check_batch_size(
             s.batch_size, self.partitioner.mesh, jax.process_count(), s.microbatches
         )
+        if s.init_from is not None and not workdir_lib.finished_steps(workdir):
+            warm_start.check_source(s.init_from, self.manifest)  # before anything is written
         checkpointing.check_writable(workdir)
         self.phases = Phases(
             s.pipeline_config, s.phase2_start, s.phase2_pipeline_config, s.steps, s.model_config
@@ -406,7 +409,7 @@ class Trainer:
             rates = (
                 f"  {values['steps_per_second']:.2f} steps/s  {values['tokens_per_second']:.0f} tokens/s  "
                 f"{values['model_tflops_per_second']:.3f} TFLOP/s  "
-                f"eta {time.strftime('%H:%M:%S', time.gmtime(values['eta_seconds']))}"
+                f"eta {format_duration(values['eta_seconds'])}"
             )
         log.info(
             "step %d/%d  loss %.4f  %s  lr %.3g  grad_norm %.3f%s",

@@ -46,8 +46,8 @@ def test_pretrain_benchmark_runs_electra(tmp_path):
         "--gin_file=configs/recipes/electra.gin",
         "--gin_bindings=EncoderConfig.num_layers=1",
         "--gin_bindings=EncoderConfig.vocab_size=2048",
-        "--batch=4",
-        "--seq=32",
+        "--batch_size=4",
+        "--seq_len=32",
         "--steps=1",
     )
     assert result["objective"] == "ElectraRTD" and result["tokens_per_second"] > 0
@@ -59,8 +59,8 @@ def test_pretrain_benchmark_prints_its_result(tmp_path):
         "bench.pretrain",
         "--gin_file=configs/models/bert_tiny.gin",
         "--gin_bindings=EncoderConfig.vocab_size=2048",
-        "--batch=4",
-        "--seq=32",
+        "--batch_size=4",
+        "--seq_len=32",
         "--steps=2",
         f"--profile_dir={tmp_path}",
     )
@@ -90,8 +90,8 @@ def test_pretrain_benchmark_turns_each_optimisation_off():
         "bench.pretrain",
         "--gin_file=configs/models/bert_tiny.gin",
         "--gin_bindings=EncoderConfig.vocab_size=2000",
-        "--batch=4",
-        "--seq=32",
+        "--batch_size=4",
+        "--seq_len=32",
         "--steps=2",
         f"--without={','.join(OPTIMISATIONS)}",
         "--fused_attention",
@@ -245,7 +245,7 @@ def _input_pipeline(capsys, *args):
 
 
 def test_input_pipeline_benchmark_prints_its_result(capsys):
-    result = _input_pipeline(capsys, "--batch=8", "--seq=32", "--batches=5")
+    result = _input_pipeline(capsys, "--batch_size=8", "--seq_len=32", "--steps=5")
     assert result["examples_per_second"] > 0 and result["tokens_per_second"] > result["examples_per_second"]
     assert 0 < result["fill"] <= 1 and "examples_per_row" not in result
 
@@ -253,7 +253,7 @@ def test_input_pipeline_benchmark_prints_its_result(capsys):
 def test_input_pipeline_benchmark_measures_packing(capsys):
     """DOC-SENTENCES at length 64 over documents of short sentences: document ends leave
     short examples, which packing puts together, so rows are fuller than one per row."""
-    result = _input_pipeline(capsys, "--batch=8", "--seq=64", "--batches=5", "--format=doc_sentences")
+    result = _input_pipeline(capsys, "--batch_size=8", "--seq_len=64", "--steps=5", "--format=doc_sentences")
     assert result["format"] == "doc_sentences"
     assert result["examples_per_row"] > 1
     assert 0 < result["unpacked_fill"] < result["fill"] <= 1

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from core import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = [
     "data.preprocess",
@@ -178,7 +180,7 @@ def test_glue_smoke(tmp_path, capsys, monkeypatch):
         BertPretrainingModel(config), jax.random.key(0), example_batch(1, 8, 2), deterministic=True
     )
     bundle.save_pretrained(str(tmp_path / "model"), config, nn.meta.unbox(params["params"]), tokenizer)
-    args = [f"--init_checkpoint={tmp_path / 'model'}", "--tasks=rte", f"--glue_dir={tmp_path / 'glue'}"]
+    args = [f"--init_from={tmp_path / 'model'}", "--tasks=rte", f"--glue_dir={tmp_path / 'glue'}"]
     args += [f"--workdir={tmp_path / 'out'}", "--gin_bindings=Grid.learning_rates = (1e-3,)"]
     args += ["--gin_bindings=Grid.seeds = (0,)", "--gin_bindings=Grid.num_epochs = (1,)"]
     args += ["--gin_bindings=Grid.batch_sizes = (8,)", "--gin_bindings=Grid.max_seq_length = 32"]
@@ -205,7 +207,7 @@ def test_memory_smoke(capsys):
     from tests import cli_run
 
     args = ["--gin_file=configs/models/bert_tiny.gin", "--gin_bindings=EncoderConfig.vocab_size=512"]
-    args += ["--mesh=fsdp:8", "--batch=8", "--seq=16", "--predictions=2"]
+    args += ["--mesh=fsdp:8", "--batch_size=8", "--seq_len=16", "--num_predictions=2"]
     result = cli_run.run(memory.main, [*args], capsys)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -233,3 +235,126 @@ def test_each_smoke_test_names_a_slow_test_that_runs_the_tool_in_full():
         module = importlib.import_module(path[: -len(".py")].replace("/", "."))
         marks = [m.name for m in getattr(getattr(module, name), "pytestmark", [])]
         assert "slow" in marks, nodeid
+
+
+def _tool_module(name):
+    module = importlib.import_module(name)
+    return importlib.import_module(f"{name}.cli") if hasattr(module, "__path__") else module
+
+
+@pytest.mark.parametrize("name", TOOLS + ["bench.peer_hf"])
+def test_usage_lines_reach_help_as_written(name):
+    """A backslash that continues a usage line in the module docstring survives into --help
+    (a non-raw docstring would join the lines: ruff's D301 keeps them raw)."""
+    module = _tool_module(name)
+    source = open(module.__file__).read()
+    docstring = source[source.index('"""') + 3 : source.index('"""', source.index('"""') + 3)]
+    assert docstring.count("\\\n") == module.__doc__.count("\\\n")
+    assert module.build_parser().description == module.__doc__
+
+
+def test_help_shows_defaults(capsys):
+    from bench import input_pipeline
+
+    help_ = input_pipeline.build_parser().format_help()
+    assert "rows per batch (default: 32)" in help_ and "timed batches (default: 200)" in help_
+    assert "(default: None)" not in help_ and "(default: False)" not in help_
+
+
+# The flag vocabulary (docs/cli.md): the old spellings stay accepted, hidden from --help.
+ALIASES = [
+    ("bench.pretrain", "--batch=4", "--batch_size=4", "batch_size", 4),
+    ("bench.pretrain", "--seq=16", "--seq_len=16", "seq_len", 16),
+    ("bench.pretrain", "--predictions=3", "--num_predictions=3", "num_predictions", 3),
+    ("bench.memory", "--predictions=3", "--num_predictions=3", "num_predictions", 3),
+    ("bench.input_pipeline", "--batches=7", "--steps=7", "steps", 7),
+    ("bench.compare", "--seq=64", "--seq_len=64", "seq_len", 64),
+    ("interop.encode", "--max_seq_length=64", "--seq_len=64", "seq_len", 64),
+    ("finetune.glue", "--init_checkpoint=W", "--init_from=W", "init_from", "W"),
+]
+REQUIRED = {
+    "interop.encode": ["--workdir=W", "--input=I", "--output=O"],
+    "finetune.glue": ["--workdir=O"],
+}
+
+
+@pytest.mark.parametrize("name, old, new, dest, value", ALIASES)
+def test_old_flag_spellings_are_hidden_aliases(name, old, new, dest, value):
+    parser = _tool_module(name).build_parser()
+    required = REQUIRED.get(name, [])
+    assert getattr(parser.parse_args([*required, old]), dest) == value
+    assert getattr(parser.parse_args([*required, new]), dest) == value
+    assert old.split("=")[0] + " " not in parser.format_help() and new.split("=")[0] in parser.format_help()
+
+
+def test_gin_dot_flags_are_bindings():
+    """t5x's `--gin.NAME=VALUE` spelling, in order with the other flags."""
+    argv = [
+        "--gin_file=a.gin",
+        "--gin.run.steps=100",
+        "--gin.PipelineConfig.format",
+        "'full_sentences'",
+        "--x",
+    ]
+    assert cli.gin_dot_flags(argv) == [
+        "--gin_file=a.gin",
+        "--gin_bindings=run.steps = 100",
+        "--gin_bindings=PipelineConfig.format = 'full_sentences'",
+        "--x",
+    ]
+
+
+def test_every_tool_repeats_gin_file_and_reads_gin_dot_flags():
+    from pretrain import demo
+
+    args = demo.build_parser().parse_args(
+        cli.gin_dot_flags(["--gin_file=a.gin", "--gin_file=b.gin", "--gin.run.steps=3"])
+    )
+    assert cli.gin_files(args) == ["a.gin", "b.gin"] and args.gin_bindings == ["run.steps = 3"]
+    assert cli.gin_files(demo.build_parser().parse_args([])) == ["configs/runs/demo_deberta.gin"]
+
+
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        (
+            "finetune.demo_task",
+            ["--output=OUT", "--train=-5"],
+            "argument --train: must be at least 1, got -5",
+        ),
+        (
+            "bench.input_pipeline",
+            ["--batch_size=0"],
+            "argument --batch_size/--batch: must be at least 1, got 0",
+        ),
+        ("bench.input_pipeline", ["--batch=0"], "argument --batch_size/--batch: must be at least 1, got 0"),
+        (
+            "interop.predict",
+            ["--workdir=W", "--text=t", "--top_k=x"],
+            "argument --top_k: 'x' is not an integer",
+        ),
+    ],
+)
+def test_counts_below_one_are_usage_errors(tmp_path, capsys, name, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        _tool_module(name).main([a.replace("OUT", str(tmp_path / "out")) for a in argv])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_peer_benchmark_outside_its_venv_is_one_line():
+    """bench.peer_hf needs transformers 4.57.6 (Flax models): --help works in our venv, a
+    run says where to run it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.peer_hf", "--model={}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: bench.peer_hf needs transformers==4.57.6 (Flax models): run `make bench-peer-venv`, "
+        "then .venv-peer/bin/python -m bench.peer_hf"
+    ]

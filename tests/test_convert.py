@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -366,6 +367,57 @@ def test_import_refuses_an_existing_workdir(bert, capsys):
     _, hf_dir, workdir, _ = bert
     err = _error(capsys, ["import", f"--from=hf:{hf_dir}", f"--workdir={workdir}"])
     assert "already holds a model" in err
+
+
+def test_export_never_writes_over_a_users_folder(bert, tmp_path, capsys):
+    _, _, workdir, _ = bert
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    err = _error(capsys, ["export", f"--workdir={workdir}", f"--to=hf:{mine}"])
+    assert err == f"error: '{mine}' is not empty (it holds config.json): export to a new or empty folder"
+    assert os.listdir(mine) == ["config.json"] and (mine / "config.json").read_text() == '{"mine": true}'
+
+
+def _damaged_copy(workdir, tmp_path):
+    """A copy of the workdir whose checkpoint chunks (array data and metadata) are cut short."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(workdir, damaged)
+    for root, _, files in os.walk(damaged / "checkpoints"):
+        for name in files:
+            if os.path.basename(root) == "d":
+                with open(os.path.join(root, name), "r+b") as f:
+                    f.truncate(10)
+    return damaged
+
+
+def test_predict_on_a_damaged_checkpoint_is_one_line(bert, tmp_path, capsys):
+    _, _, workdir, _ = bert
+    damaged = _damaged_copy(workdir, tmp_path)
+    err = _error(capsys, [f"--workdir={damaged}", "--text=the [MASK]"], main=predict.main)
+    assert err.startswith(f"error: cannot read the parameters of checkpoint 0 in '{damaged}'")
+    assert err.endswith("damaged or incomplete; pick another with --step, or import or train it again")
+    err = _error(capsys, [f"--workdir={workdir}", "--text=the [MASK]", "--step=7"], main=predict.main)
+    assert err == f"error: no checkpoint step 7 in '{workdir}' (it has steps [0]): pick one of those"
+
+
+@pytest.mark.slow(20)
+def test_predict_on_a_damaged_checkpoint_prints_nothing_else(bert, tmp_path):
+    """In its own process: tensorstore's "Event loop is closed" reports of the failed reads
+    (at exit) stay off the console; the one error line is all there is."""
+    _, _, workdir, _ = bert
+    damaged = _damaged_copy(workdir, tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "interop.predict", f"--workdir={damaged}", "--text=the [MASK]"],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        timeout=300,
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot read the parameters"), result.stderr[-3000:]
 
 
 def test_predict_without_mask_and_without_head(bert, capsys):

@@ -79,7 +79,7 @@ def _glue_on_the_demo_task(workdir, glue_dir, out, capsys):
     result = cli_run.run(
         glue.main,
         [
-            f"--init_checkpoint={workdir}",
+            f"--init_from={workdir}",
             "--tasks=word_order",
             f"--glue_dir={glue_dir}",
             f"--workdir={out}",

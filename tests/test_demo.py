@@ -1,6 +1,6 @@
 """`make demo` end to end at a tiny scale: every stage runs and the report is complete.
 
-The full demo (2 CPU cores, ~5 minutes of training) is measured in the README; here the
+The full demo (2 CPU cores, ~5 minutes of training) is measured in docs/demo.md; here the
 same code runs with a small vocabulary and a few dozen steps.
 """
 

@@ -195,7 +195,7 @@ def test_glue_on_the_demo_task_from_an_electra_workdir(_clean_gin, tmp_path, cap
     result = cli_run.run(
         glue.main,
         [
-            f"--init_checkpoint={workdir}",
+            f"--init_from={workdir}",
             "--tasks=word_order",
             f"--glue_dir={glue_dir}",
             f"--workdir={out}",

@@ -350,7 +350,7 @@ def test_glue_fine_tunes_an_imported_discriminator(electra, tmp_path, monkeypatc
     result = cli_run.run(
         glue.main,
         [
-            f"--init_checkpoint={electra.workdir}",
+            f"--init_from={electra.workdir}",
             "--tasks=sst2",
             f"--glue_dir={glue_dir}",
             f"--workdir={out}",

@@ -59,7 +59,7 @@ def test_all_tasks_give_results_and_a_full_submission(setup, _run):
     root, glue_dir = setup
     out = root / "out"
     result = _run(
-        f"--init_checkpoint={root / 'pretrained'}",
+        f"--init_from={root / 'pretrained'}",
         "--tasks=all",
         f"--glue_dir={glue_dir}",
         f"--workdir={out}",
@@ -95,7 +95,7 @@ def test_all_tasks_give_results_and_a_full_submission(setup, _run):
 
     # Started again: every run is read back, nothing is trained.
     again = _run(
-        f"--init_checkpoint={root / 'pretrained'}",
+        f"--init_from={root / 'pretrained'}",
         "--tasks=rte",
         f"--glue_dir={glue_dir}",
         f"--workdir={out}",
@@ -125,7 +125,7 @@ def test_all_tasks_give_results_and_a_full_submission(setup, _run):
 def test_user_errors_are_one_line(setup, _run, args, message):
     root, glue_dir = setup
     args = [a.replace("GLUE", glue_dir) for a in args]
-    result = _run(f"--init_checkpoint={root / 'pretrained'}", f"--workdir={root / 'err'}", *args)
+    result = _run(f"--init_from={root / 'pretrained'}", f"--workdir={root / 'err'}", *args)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
@@ -135,6 +135,6 @@ def test_user_errors_are_one_line(setup, _run, args, message):
 def test_not_a_pretrained_workdir(setup, _run, tmp_path):
     _, glue_dir = setup
     result = _run(
-        f"--init_checkpoint={tmp_path}", "--tasks=rte", f"--glue_dir={glue_dir}", f"--workdir={tmp_path}/o"
+        f"--init_from={tmp_path}", "--tasks=rte", f"--glue_dir={glue_dir}", f"--workdir={tmp_path}/o"
     )
     assert result.returncode == 2 and "error: no model_config.json" in result.stderr

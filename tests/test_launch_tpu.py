@@ -68,9 +68,19 @@ def test_setup_copies_to_every_worker_and_installs_jax_tpu():
     ssh = commands[2]
     assert ssh[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"] and "--worker=all" in ssh
     remote = ssh[-1]
-    assert "pip install --quiet -r requirements.txt" in remote and "'jax[tpu]==0.10.2'" in remote
+    assert "pip install --quiet -r requirements-tpu.txt -f https://storage.googleapis.com/" in remote
+
+
+@pytest.mark.parametrize("accelerator, extra", [("tpu", "jax[tpu]"), ("gpu", "jax[cuda12]")])
+def test_accelerator_requirements_add_jax_plugins_at_our_jax_version(accelerator, extra):
+    """requirements-{gpu,tpu}.txt: requirements.txt plus JAX's plugin for the accelerator, at
+    the JAX version requirements.txt pins (`make check-accelerator-requirements` resolves them
+    against PyPI)."""
     with open(os.path.join(ROOT, "requirements.txt")) as f:
-        assert "jax==0.10.2\n" in f.read(), "launch_tpu.sh's JAX_VERSION must match requirements.txt"
+        (jax_pin,) = [line.strip() for line in f if line.startswith("jax==")]
+    with open(os.path.join(ROOT, f"requirements-{accelerator}.txt")) as f:
+        lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    assert lines == ["-r requirements.txt", f"{extra}=={jax_pin.split('==')[1]}"]
 
 
 def test_run_starts_the_same_command_on_all_workers_in_the_background():

@@ -493,3 +493,33 @@ def test_bpe_shards_hold_each_document_as_its_joined_text(tmp_path):
         assert doc["sentence_lengths"].tolist() == [len(tok.encode(s)) for s in sentences[:1]] + [
             len(tok.encode(" " + s)) for s in sentences[1:]
         ]
+
+
+@pytest.mark.parametrize(
+    "flag", ["--num_shards=0", "--num_shards=-3", "--num_eval_shards=0", "--num_workers=0"]
+)
+def test_cli_counts_below_one_are_a_usage_error_before_anything_is_written(tmp_path, _cli, flag):
+    _write_corpus(tmp_path / "c.txt")
+    result = _cli(f"--corpus={tmp_path / 'c.txt'}", "--tokenizer=nowhere", f"--output={tmp_path / 'o'}", flag)
+    name, value = flag.split("=")
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"error: argument {name}: must be at least 1, got {value}")
+    )
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(num_shards=0), "--num_shards=0: write at least 1"),
+        (dict(num_eval_shards=-3), "--num_eval_shards=-3: write at least 1"),
+        (dict(eval_fraction=1.0), "--eval_fraction=1.0: write a fraction in [0, 1)"),
+    ],
+)
+def test_preprocess_refuses_impossible_counts_before_reading(tmp_path, options, message):
+    with pytest.raises(preprocess.PreprocessError, match=re.escape(message)):
+        preprocess.preprocess("demo", "nowhere", str(tmp_path / "o"), **options)
+    assert not (tmp_path / "o").exists()

@@ -9,7 +9,7 @@ import time
 import jax
 import pytest
 
-from core import metrics_log
+from core import metrics_log, throughput
 from pretrain import trainer
 from pretrain.objectives import MaskedLM
 from tests import tiny
@@ -112,3 +112,20 @@ def test_finetuning_rates_follow_the_wall_clock(monkeypatch):
         assert epoch["tokens_per_second"] / epoch["steps_per_second"] == pytest.approx(
             train.input_mask.sum() / 10, rel=0.3
         )
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [
+        (0, "00:00:00"),
+        (59.6, "00:01:00"),
+        (3 * 3600 + 25 * 60 + 7, "03:25:07"),
+        (86399, "23:59:59"),
+        (3 * 86400 + 3600, "3d 01:00:00"),
+        (86400, "1d 00:00:00"),
+        (-5, "00:00:00"),
+    ],
+)
+def test_the_eta_shows_days(seconds, shown):
+    """A 3-day pod run's ETA: `%H:%M:%S` of the seconds would wrap to 01:00:00."""
+    assert throughput.format_duration(seconds) == shown

@@ -733,7 +733,14 @@ def test_hf_methods_are_what_the_export_writes(name, request, tmp_path):
 
 def test_kinds_load_through_the_registry(trained, trained_bpe, trained_sp, tmp_path, monkeypatch):
     assert tokenizers.registered_kinds() == tokenizers.ALL_KINDS
-    assert tokenizers.ALL_KINDS == ("wordpiece", "bpe", "sentencepiece", "deberta_bpe", "deberta_spm")
+    assert tokenizers.ALL_KINDS == (
+        "wordpiece",
+        "bpe",
+        "sentencepiece",
+        "deberta_bpe",
+        "deberta_spm",
+        "tokenizer_json",
+    )
     assert tokenizers.KINDS == ("wordpiece", "bpe", "sentencepiece")
     for tok in (trained, trained_bpe, trained_sp):
         tok.save(str(tmp_path / tok.identity()["kind"]))
@@ -759,5 +766,5 @@ def test_unknown_kind_is_one_line(kind, tmp_path):
         tokenizers.load_tokenizer(str(tmp_path))
     assert str(e.value) == (
         f"{tmp_path}/tokenizer_config.json: unknown tokenizer kind {json.loads(kind)!r}: "
-        "this version reads wordpiece, bpe, sentencepiece, deberta_bpe, deberta_spm"
+        "this version reads wordpiece, bpe, sentencepiece, deberta_bpe, deberta_spm, tokenizer_json"
     )

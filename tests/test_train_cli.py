@@ -100,3 +100,27 @@ def test_finished_run_started_again_resumes_and_stops(trained, capsys):
     result = cli_run.run(train.main, [f"--gin_file={gin_file}", f"--workdir={workdir}"], capsys)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from step 2" in result.stderr and "done: step 2" in result.stdout
+
+
+def test_the_vocabulary_size_comes_from_the_shards(trained, capsys):
+    """Without a command-line binding, the shards' vocabulary size replaces the model gin
+    file's (here bert_tiny.gin's published 30522): the run is the trained one, resumed."""
+    gin_file, workdir = trained
+    own = gin_file.parent / "no_vocab.gin"
+    own.write_text(gin_file.read_text().replace(f"EncoderConfig.vocab_size = {synthetic.VOCAB_SIZE}\n", ""))
+    result = cli_run.run(train.main, [f"--gin_file={own}", f"--workdir={workdir}"], capsys)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"EncoderConfig.vocab_size = {synthetic.VOCAB_SIZE}, the shards' tokenizer's" in result.stderr
+    assert "the gin files say 30522" in result.stderr and "done: step 2" in result.stdout
+
+
+def test_init_from_a_folder_without_a_model_writes_nothing(run_setup, tmp_path, capsys):
+    gin_file, _ = run_setup
+    empty, workdir = tmp_path / "empty", tmp_path / "new_run"
+    empty.mkdir()
+    args = [f"--gin_file={gin_file}", f"--workdir={workdir}", f"--gin_bindings=run.init_from='{empty}'"]
+    result = cli_run.run(train.main, args, capsys)
+    assert result.returncode == 2 and len(result.errors()) == 1, result.stderr[-3000:]
+    assert result.errors()[0].startswith(f"error: run.init_from '{empty}': no finished checkpoint in")
+    assert result.errors()[0].endswith("(it takes a workdir of pretrain.train or interop.convert import)")
+    assert not workdir.exists() and os.listdir(empty) == []

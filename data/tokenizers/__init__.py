@@ -2,12 +2,15 @@
 
 One `Tokenizer` protocol and five backends: BERT's WordPiece and RoBERTa's byte-level BPE (both
 on the `tokenizers` library), ALBERT's SentencePiece unigram (`sentencepiece`), and DeBERTa's
-two: v1's byte-level BPE with BERT-style special tokens, and v2/v3's SentencePiece.
+two: v1's byte-level BPE with BERT-style special tokens, and v2/v3's SentencePiece. A sixth
+kind runs a transformers tokenizer.json as it stands, with the conventions of one of the five
+(`TokenizerJsonTokenizer`: the tokenizer of a transformers 5 folder, which has no vocab file of
+the five's).
 
 Every backend gives the protocol's special ids, a `pair_format` ("bert": `[CLS] A [SEP] B
 [SEP]`; "roberta": `<s> A </s></s> B </s>`) and `word_start_mask()` for whole-word and n-gram
-masking. `identity()["kind"]` is "wordpiece", "bpe", "sentencepiece", "deberta_bpe" or
-"deberta_spm".
+masking. `identity()["kind"]` is "wordpiece", "bpe", "sentencepiece", "deberta_bpe",
+"deberta_spm" or "tokenizer_json".
 
 A tokenizer lives in a directory (`save` / `load_tokenizer`, which detects the kind):
 
@@ -17,10 +20,12 @@ A tokenizer lives in a directory (`save` / `load_tokenizer`, which detects the k
                            format)
     spiece.model           sentencepiece: the serialized spm model
     spm.model              deberta_spm: the serialized spm model (HF's DeBERTa-v2 file name)
+    tokenizer.json         tokenizer_json: transformers' pipeline file, byte for byte
 
 Published vocabs load directly: BERT's vocab.txt (casing inferred), RoBERTa's directory with
 vocab.json + merges.txt, ALBERT's spiece.model / 30k-clean.model, DeBERTa's vocab.json +
-merges.txt (told from RoBERTa's by its [CLS] token) and DeBERTa-v2/v3's spm.model. Train a new
+merges.txt (told from RoBERTa's by its [CLS] token), DeBERTa-v2/v3's spm.model, and a
+transformers folder's tokenizer.json when it has none of those. Train a new
 vocab (WordPiece, BPE or ALBERT SentencePiece) with
 
     python -m data.tokenizers train --corpus=SPEC --output=DIR [--kind=wordpiece|bpe|sentencepiece]
@@ -28,8 +33,9 @@ vocab (WordPiece, BPE or ALBERT SentencePiece) with
 
 The modules: base.py (the protocol, the shared pieces, the registry of kinds), one per backend
 (wordpiece.py, bpe.py, sentencepiece.py, deberta.py: each registers the kinds it loads),
-loader.py (`load_tokenizer`), training.py (the trainers) and cli.py (the command line,
-`python -m data.tokenizers`).
+tokenizer_json.py (transformers' tokenizer.json under a backend's conventions), loader.py
+(`load_tokenizer`), training.py (the trainers) and cli.py (the command line, `python -m
+data.tokenizers`).
 """
 
 from __future__ import annotations
@@ -47,8 +53,11 @@ from data.tokenizers.base import (
     Tokenizer,
     TokenizerError,
     VocabTable,
+    backend_of,
     pair_inputs,
+    register_backend,
     register_kind,
+    registered_backends,
     registered_kinds,
     truncate_seq_pair,
 )
@@ -72,6 +81,13 @@ from data.tokenizers.deberta import (
     DebertaBPETokenizer,
     DebertaSentencePieceTokenizer,
 )
+from data.tokenizers.tokenizer_json import (
+    HF_SPECIAL_KEYS,
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_JSON_FILE,
+    TokenizerJsonTokenizer,
+    declared_special_tokens,
+)
 
 # isort: on
 from data.tokenizers.loader import ALL_KINDS, load_bpe_files, load_tokenizer
@@ -93,16 +109,19 @@ __all__ = [
     "CONFIG_FILE",
     "DEBERTA_SPECIAL_TOKENS",
     "DEBERTA_SPM_FILE",
+    "HF_SPECIAL_KEYS",
     "KINDS",
     "MASK",
     "PAD",
     "SEP",
     "SPECIAL_TOKENS",
+    "SPECIAL_TOKENS_MAP_FILE",
     "SP_CONTROL_SYMBOLS",
     "SP_MODEL_FILE",
     "SP_PAD",
     "SP_UNK",
     "SP_USER_SYMBOLS",
+    "TOKENIZER_JSON_FILE",
     "TRAINABLE_KINDS",
     "UNK",
     "VOCAB_FILE",
@@ -112,13 +131,18 @@ __all__ = [
     "SentencePieceTokenizer",
     "Tokenizer",
     "TokenizerError",
+    "TokenizerJsonTokenizer",
     "VocabTable",
     "WordPieceTokenizer",
     "albert_preprocess",
+    "backend_of",
+    "declared_special_tokens",
     "load_bpe_files",
     "load_tokenizer",
     "pair_inputs",
+    "register_backend",
     "register_kind",
+    "registered_backends",
     "registered_kinds",
     "train_bpe",
     "train_sentencepiece",

@@ -1,13 +1,16 @@
 """What every tokenizer backend shares: the `Tokenizer` protocol, `TokenizerError`, BERT's
 special tokens, the pair helpers (`truncate_seq_pair`, `pair_inputs`), `VocabTable` (the
 protocol members over a token list) and the registry of kinds, through which `load_tokenizer`
-reads a directory whose tokenizer_config.json names its kind.
+reads a directory whose tokenizer_config.json names its kind. A backend registered with
+`register_backend` also lends its conventions (special token names, pair format, word-start
+rule) to a tokenizer whose pipeline is a transformers tokenizer.json (tokenizer_json.py):
+`backend_of`.
 """
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -130,8 +133,16 @@ class VocabTable:
     """The `Tokenizer` members every backend shares: a token list (`_tokens`, id -> token),
     its inverse (`_vocab`), the special tokens' names in `_SPECIAL_TOKENS` (pad, unk,
     cls, sep, mask), which each backend names differently, `encode_documents` over the
-    backend's `encode_batch` and `sentence_texts`, `fits_vocab` and `hf_special_tokens`."""
+    backend's `encode_batch` and `sentence_texts`, `word_start_mask` over the backend's
+    `word_starts`, `fits_vocab` and `hf_special_tokens`.
 
+    The class-level members are the backend's conventions, which a tokenizer.json tokenizer
+    that follows the backend's kind takes over (tokenizer_json.py): `pair_format`,
+    `_SPECIAL_TOKENS` (the names transformers uses by default), `word_starts`,
+    `sentence_texts`, `_SPARE_EMBEDDING_ROWS`, `_HF_CLASS` and `_PIPELINE_MODEL`."""
+
+    pair_format: str
+    _KIND: str  # identity()["kind"], and the "kind" of the tokenizer_config.json `save` writes
     _SPECIAL_TOKENS: tuple[str, str, str, str, str]
     _tokens: list[str]
     _vocab: dict[str, int]
@@ -142,6 +153,21 @@ class VocabTable:
     # The tokenizer_config.json settings a published folder of this tokenizer must have (key ->
     # the one value supported): options of the transformers class this backend does not implement.
     HF_FIXED_SETTINGS: Mapping[str, Any] = {}
+    # The transformers class that reads this backend's files ("tokenizer_class").
+    _HF_CLASS: str
+    # The `tokenizers` library model of transformers' pipeline for this backend's vocabs
+    # (tokenizer.json's model "type"): "WordPiece", "BPE" or "Unigram".
+    _PIPELINE_MODEL: str
+
+    @classmethod
+    def word_starts(cls, tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
+        """bool [len(tokens)]: the backend's word-start rule (`Tokenizer.word_start_mask`) for
+        a vocabulary whose token i is `tokens[i]` and whose special tokens are `specials`."""
+        raise NotImplementedError
+
+    def word_start_mask(self) -> np.ndarray:
+        """`Tokenizer.word_start_mask`: `word_starts` of this vocabulary (the backend's rule)."""
+        return self.word_starts(self._tokens, self._SPECIAL_TOKENS)
 
     @property
     def vocab_size(self) -> int:
@@ -235,6 +261,8 @@ DirectoryLoader = Callable[[str, Mapping[str, Any]], Tokenizer]
 
 # kind -> its DirectoryLoader; each backend module registers its kinds when it is imported.
 _KIND_LOADERS: dict[str, DirectoryLoader] = {}
+# kind -> the backend class of that kind (`register_backend`), whose conventions it lends.
+_KIND_BACKENDS: dict[str, type[VocabTable]] = {}
 
 
 def register_kind(kind: str, load_from_directory: DirectoryLoader) -> None:
@@ -243,6 +271,23 @@ def register_kind(kind: str, load_from_directory: DirectoryLoader) -> None:
     if kind in _KIND_LOADERS:
         raise ValueError(f"tokenizer kind {kind!r} is registered twice")
     _KIND_LOADERS[kind] = load_from_directory
+
+
+def register_backend(backend: type[VocabTable]) -> None:
+    """Registers a backend class: its kind (`backend._KIND`, read by `backend.from_directory`),
+    and its conventions for tokenizer.json tokenizers that follow that kind (`backend_of`)."""
+    register_kind(backend._KIND, backend.from_directory)
+    _KIND_BACKENDS[backend._KIND] = backend
+
+
+def backend_of(kind: object) -> type[VocabTable] | None:
+    """The backend class registered (`register_backend`) for `kind`; None for any other value."""
+    return _KIND_BACKENDS.get(kind) if isinstance(kind, str) else None
+
+
+def registered_backends() -> tuple[type[VocabTable], ...]:
+    """The backend classes `register_backend` registered, in that order."""
+    return tuple(_KIND_BACKENDS.values())
 
 
 def registered_kinds() -> tuple[str, ...]:

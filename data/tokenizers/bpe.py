@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
@@ -55,6 +55,7 @@ class ByteLevelBPETokenizer(base.PipelineTable):
     _MISSING_HINT = " (GPT-2's own vocab.json lacks them; use RoBERTa's)"
     _KIND = "bpe"
     _HF_CLASS = "RobertaTokenizer"
+    _PIPELINE_MODEL = "BPE"
     _HF_BOS_EOS = True  # <s> / </s>
 
     def __init__(
@@ -118,14 +119,13 @@ class ByteLevelBPETokenizer(base.PipelineTable):
         matches across it, so the concatenated ids are those of the joined text."""
         return [" " + s if i and s else s for i, s in enumerate(sentences)]
 
-    def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: True for a token starting with "Ġ" (a leading space) and for the 5
+    @classmethod
+    def word_starts(cls, tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
+        """bool [len(tokens)]: True for a token starting with "Ġ" (a leading space) and for the 5
         special tokens, as fairseq's `get_whole_word_mask` (specials, then `is_beginning_of_word`).
         So the first word of a document (or of a text given to `encode`), which has no leading
         space, continues the token before it (after <s>: a new word, data/masking.py)."""
-        mask = np.array([t.startswith(_GPT2_WORD_START) for t in self._tokens], dtype=bool)
-        mask[[self._vocab[t] for t in self._REQUIRED_TOKENS]] = True
-        return mask
+        return np.array([t.startswith(_GPT2_WORD_START) or t in specials for t in tokens], dtype=bool)
 
     def hf_settings(self) -> dict:
         """transformers' RobertaTokenizer (DebertaTokenizer) without a prefix space: text is
@@ -192,4 +192,4 @@ def read_bpe_files(vocab_path: str, merges_path: str) -> tuple[dict[str, int], l
     return vocab, merges
 
 
-base.register_kind(ByteLevelBPETokenizer._KIND, ByteLevelBPETokenizer.from_directory)
+base.register_backend(ByteLevelBPETokenizer)

@@ -69,7 +69,10 @@ def build_parser():
     train.add_argument("--kind", choices=KINDS, default="wordpiece", help="BERT, RoBERTa or ALBERT vocab")
     defaults = " / ".join(str(kind.default_vocab_size) for kind in TRAINABLE_KINDS.values())
     train.add_argument(
-        "--vocab_size", type=int, default=None, help=f"default {defaults} by --kind (as published)"
+        "--vocab_size",
+        type=cli.positive_int,
+        default=None,
+        help=f"default {defaults} by --kind (as published)",
     )
     train.add_argument("--output", required=True, help="directory for the vocab and tokenizer_config.json")
     train.add_argument(
@@ -88,7 +91,10 @@ def build_parser():
         help="held-out documents (data.corpora.is_heldout) are left out of training",
     )
     train.add_argument(
-        "--max_line_chars", type=int, default=100_000, help="a longer line in a text corpus is an error"
+        "--max_line_chars",
+        type=cli.positive_int,
+        default=100_000,
+        help="a longer line in a text corpus is an error",
     )
     train.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir for --corpus=tfds:NAME")
     return parser

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
@@ -82,15 +82,16 @@ class DebertaBPETokenizer(ByteLevelBPETokenizer):
     # published model has (microsoft/DeBERTa and HF's defaults).
     HF_FIXED_SETTINGS = {"add_prefix_space": False}
 
-    def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: True for the 5 special tokens and where gpt2_tokenizer.py's
+    @classmethod
+    def word_starts(cls, tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
+        """bool [len(tokens)]: True for the 5 special tokens and where gpt2_tokenizer.py's
         `part_of_whole_word` is False, on the token's decoded text (`_is_deberta_word_start`):
         a leading space ("Ġthe"), or a lone punctuation, whitespace or control character (","
         starts a word where RoBERTa's rule says it continues one)."""
         decoder = decoders.ByteLevel()
-        mask = np.array([_is_deberta_word_start(decoder.decode([t]), " ") for t in self._tokens], dtype=bool)
-        mask[[self._vocab[t] for t in self._REQUIRED_TOKENS]] = True
-        return mask
+        return np.array(
+            [t in specials or _is_deberta_word_start(decoder.decode([t]), " ") for t in tokens], dtype=bool
+        )
 
 
 class DebertaSentencePieceTokenizer(SentencePieceFile):
@@ -116,6 +117,7 @@ class DebertaSentencePieceTokenizer(SentencePieceFile):
     _SPECIAL_TOKENS = SPECIAL_TOKENS  # the protocol's order: pad, unk, cls, sep, mask
     _MODEL_FILE = DEBERTA_SPM_FILE
     _KIND = "deberta_spm"
+    _HF_CLASS = "DebertaV2Tokenizer"
     _SPARE_EMBEDDING_ROWS = True
     _HF_BOS_EOS = True  # [CLS] / [SEP]
     # HF's DebertaV2Tokenizer options that this tokenizer does not implement, with the value
@@ -205,23 +207,20 @@ class DebertaSentencePieceTokenizer(SentencePieceFile):
         flush()
         return " ".join("".join(parts).split())
 
-    def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: True for the 5 special tokens and where spm_tokenizer.py's
+    @classmethod
+    def word_starts(cls, tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
+        """bool [len(tokens)]: True for the 5 special tokens and where spm_tokenizer.py's
         `part_of_whole_word` is False (`_is_deberta_word_start`): a piece starting with "▁", or a
         lone punctuation, whitespace or control character ("," "'" "(" start words). Every other
         piece without "▁" ("s" after "▁function") continues the word before it."""
         return np.array(
-            [
-                t in DEBERTA_SPECIAL_TOKENS or _is_deberta_word_start(t, SPIECE_UNDERLINE)
-                for t in self._tokens
-            ],
-            dtype=bool,
+            [t in specials or _is_deberta_word_start(t, SPIECE_UNDERLINE) for t in tokens], dtype=bool
         )
 
     def hf_settings(self) -> dict:
         """transformers' DebertaV2Tokenizer with `HF_FIXED_SETTINGS`, what this tokenizer does."""
-        return {"tokenizer_class": "DebertaV2Tokenizer", **self.HF_FIXED_SETTINGS}
+        return {"tokenizer_class": self._HF_CLASS, **self.HF_FIXED_SETTINGS}
 
 
-base.register_kind(DebertaBPETokenizer._KIND, DebertaBPETokenizer.from_directory)
-base.register_kind(DebertaSentencePieceTokenizer._KIND, DebertaSentencePieceTokenizer.from_directory)
+base.register_backend(DebertaBPETokenizer)
+base.register_backend(DebertaSentencePieceTokenizer)

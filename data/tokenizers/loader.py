@@ -4,7 +4,9 @@ A directory whose tokenizer_config.json names a "kind" loads through that kind's
 loader (data/tokenizers/base.py `register_kind`); any other directory or file is told by its
 file names, so published vocabs load directly: BERT's vocab.txt, RoBERTa's and DeBERTa v1's
 vocab.json + merges.txt (told apart by their special tokens), ALBERT's spiece.model /
-30k-clean.model and DeBERTa-v2/v3's spm.model.
+30k-clean.model and DeBERTa-v2/v3's spm.model; and a transformers folder with none of those
+but a tokenizer.json (transformers 5 saves only that and tokenizer_config.json) as a
+tokenizer_json tokenizer following the kind of its tokenizer_class.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from data.tokenizers.base import CLS, CONFIG_FILE, Tokenizer, TokenizerError
 from data.tokenizers.bpe import BPE_MERGES_FILE, BPE_VOCAB_FILE, ByteLevelBPETokenizer, read_bpe_files
 from data.tokenizers.deberta import DEBERTA_SPM_FILE, DebertaBPETokenizer, DebertaSentencePieceTokenizer
 from data.tokenizers.sentencepiece import SP_MODEL_FILE, SentencePieceTokenizer
+from data.tokenizers.tokenizer_json import TOKENIZER_JSON_FILE, TokenizerJsonTokenizer, kind_of_hf_class
 from data.tokenizers.wordpiece import VOCAB_FILE, WordPieceTokenizer
 
 ALL_KINDS = base.registered_kinds()  # the kinds `load_tokenizer` reads
@@ -41,18 +44,19 @@ def load_tokenizer(path: str) -> Tokenizer:
     WordPiece (casing inferred); vocab.json + merges.txt -> byte-level BPE (DeBERTa's when the
     vocab has [CLS] and no <s>, `load_bpe_files`); spm.model -> DeBERTa-v2/v3 SentencePiece;
     spiece.model or a single *.model -> ALBERT SentencePiece (uncased, as every published
-    ALBERT). A file: spm.model -> DeBERTa SentencePiece, another *.model -> ALBERT's,
-    vocab.json -> BPE (merges.txt beside it), else a WordPiece vocab.txt.
+    ALBERT); tokenizer.json -> that pipeline (`TokenizerJsonTokenizer`) with the conventions
+    of the kind whose transformers class its tokenizer_config.json names. A file: spm.model
+    -> DeBERTa SentencePiece, another *.model -> ALBERT's, vocab.json -> BPE (merges.txt
+    beside it), else a WordPiece vocab.txt.
 
     Raises:
       TokenizerError: nothing loadable at `path`, an unknown kind, or bad tokenizer files.
     """
     if tf.io.gfile.isdir(path):
         config_path = os.path.join(path, CONFIG_FILE)
-        if tf.io.gfile.exists(config_path):
-            configured = _load_configured(path, config_path)
-            if configured is not None:
-                return configured
+        config = _read_config(config_path) if tf.io.gfile.exists(config_path) else {}
+        if "kind" in config:
+            return _load_configured(path, config_path, config)
         names = set(tf.io.gfile.listdir(path))
         if VOCAB_FILE in names:
             return WordPieceTokenizer.from_vocab_file(os.path.join(path, VOCAB_FILE))
@@ -64,10 +68,12 @@ def load_tokenizer(path: str) -> Tokenizer:
         if SP_MODEL_FILE in names or len(model_files) == 1:
             name = SP_MODEL_FILE if SP_MODEL_FILE in names else model_files[0]
             return SentencePieceTokenizer.from_model_file(os.path.join(path, name))
+        if TOKENIZER_JSON_FILE in names:
+            return _load_hf_tokenizer_json(path, config)
         raise TokenizerError(
-            f"'{path}' holds no {CONFIG_FILE}, {VOCAB_FILE}, {BPE_VOCAB_FILE} + {BPE_MERGES_FILE} "
-            f"or one *.model ({SP_MODEL_FILE}, {DEBERTA_SPM_FILE}): pass a directory written by "
-            "`python -m data.tokenizers train` or a published tokenizer's files"
+            f"'{path}' holds no {CONFIG_FILE}, {VOCAB_FILE}, {BPE_VOCAB_FILE} + {BPE_MERGES_FILE}, "
+            f"one *.model ({SP_MODEL_FILE}, {DEBERTA_SPM_FILE}) or {TOKENIZER_JSON_FILE}: pass a "
+            "directory written by `python -m data.tokenizers train` or a published tokenizer's files"
         )
     if not tf.io.gfile.exists(path):
         raise TokenizerError(f"no tokenizer at '{path}': pass a tokenizer directory or a vocab file")
@@ -80,9 +86,8 @@ def load_tokenizer(path: str) -> Tokenizer:
     return WordPieceTokenizer.from_vocab_file(path)
 
 
-def _load_configured(path: str, config_path: str) -> Tokenizer | None:
-    """The tokenizer our tokenizer_config.json names; None for a config without "kind" (e.g.
-    HF's own tokenizer_config.json), whose directory is then read by its files."""
+def _read_config(config_path: str) -> dict:
+    """A directory's tokenizer_config.json ({} when it is not a JSON object)."""
     with tf.io.gfile.GFile(config_path, "r") as f:
         try:
             config = json.loads(f.read())
@@ -90,8 +95,11 @@ def _load_configured(path: str, config_path: str) -> Tokenizer | None:
             raise TokenizerError(
                 f"{config_path}: not valid JSON ({e}): rewrite it or train the tokenizer again"
             ) from None
-    if not isinstance(config, dict) or "kind" not in config:
-        return None
+    return config if isinstance(config, dict) else {}
+
+
+def _load_configured(path: str, config_path: str, config: dict) -> Tokenizer:
+    """The tokenizer of the "kind" our tokenizer_config.json (`config`) names."""
     kind = config["kind"]
     load = base.kind_loader(kind)
     if load is None:
@@ -100,3 +108,15 @@ def _load_configured(path: str, config_path: str) -> Tokenizer | None:
             f"{', '.join(base.registered_kinds())}"
         )
     return load(path, config)
+
+
+def _load_hf_tokenizer_json(path: str, config: dict) -> Tokenizer:
+    """A transformers folder's tokenizer.json, following the kind of its tokenizer_class."""
+    kind = kind_of_hf_class(config.get("tokenizer_class"))
+    if kind is None:
+        known = ", ".join(b._HF_CLASS for b in base.registered_backends())
+        raise TokenizerError(
+            f"'{path}': its tokenizer.json is read as the tokenizer of a known transformers class, but "
+            f"{CONFIG_FILE} names tokenizer_class={config.get('tokenizer_class')!r}: one of {known}"
+        )
+    return TokenizerJsonTokenizer.from_hf_folder(path, kind, config)

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
@@ -64,8 +64,8 @@ class SentencePieceFile(base.VocabTable):
     tokenizer (`_MODEL_FILE` in the folder, `_KIND` in the identity, `_settings()` the rest)."""
 
     _MODEL_FILE: str
-    _KIND: str
     _proto: bytes
+    _PIPELINE_MODEL = "Unigram"  # transformers' pipeline for an spm unigram model
 
     @staticmethod
     def _load(model_proto: bytes, source: str, example: str) -> spm.SentencePieceProcessor:
@@ -115,6 +115,7 @@ class SentencePieceTokenizer(SentencePieceFile):
     _SPECIAL_TOKENS = (SP_PAD, SP_UNK, "[CLS]", "[SEP]", "[MASK]")
     _MODEL_FILE = SP_MODEL_FILE
     _KIND = "sentencepiece"
+    _HF_CLASS = "AlbertTokenizer"
 
     def __init__(self, model_proto: bytes, *, lowercase: bool = True, source: str = "the model"):
         """Args:
@@ -179,20 +180,20 @@ class SentencePieceTokenizer(SentencePieceFile):
         pad = self.pad_id
         return self._sp.decode([int(i) for i in ids if i != pad])
 
-    def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: ALBERT's `_is_start_piece_sp` (`_is_albert_start_piece`) for every
-        piece, and True for [CLS], [SEP], [MASK] (ALBERT's masking treats [CLS]/[SEP] as
-        boundaries before asking the rule, which would say "[CLS]" continues a word)."""
-        return np.array(
-            [_is_albert_start_piece(t) or t in SP_CONTROL_SYMBOLS for t in self._tokens], dtype=bool
-        )
+    @classmethod
+    def word_starts(cls, tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
+        """bool [len(tokens)]: ALBERT's `_is_start_piece_sp` (`_is_albert_start_piece`) for every
+        piece, and True for the special tokens ([CLS], [SEP], [MASK]: ALBERT's masking treats
+        [CLS]/[SEP] as boundaries before asking the rule, which would say "[CLS]" continues a
+        word; <pad> and <unk> start with "<")."""
+        return np.array([_is_albert_start_piece(t) or t in specials for t in tokens], dtype=bool)
 
     def hf_settings(self) -> dict:
         """transformers' AlbertTokenizer with this tokenizer's casing."""
-        return {"tokenizer_class": "AlbertTokenizer", "do_lower_case": self._lowercase}
+        return {"tokenizer_class": self._HF_CLASS, "do_lower_case": self._lowercase}
 
     def _settings(self) -> dict:
         return {"lowercase": self._lowercase}
 
 
-base.register_kind(SentencePieceTokenizer._KIND, SentencePieceTokenizer.from_directory)
+base.register_backend(SentencePieceTokenizer)

@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
@@ -47,6 +47,8 @@ class WordPieceTokenizer(base.PipelineTable):
     pair_format = "bert"
     _SPECIAL_TOKENS = SPECIAL_TOKENS  # [PAD] [UNK] [CLS] [SEP] [MASK]
     _KIND = "wordpiece"
+    _HF_CLASS = "BertTokenizer"
+    _PIPELINE_MODEL = "WordPiece"
 
     def __init__(
         self,
@@ -139,16 +141,17 @@ class WordPieceTokenizer(base.PipelineTable):
         pad = self.pad_id
         return self._tokenizer.decode([int(i) for i in ids if i != pad], skip_special_tokens=False)
 
-    def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: True for every token not starting with "##" (BERT's whole-word
+    @classmethod
+    def word_starts(cls, tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
+        """bool [len(tokens)]: True for every token not starting with "##" (BERT's whole-word
         masking rule in create_pretraining_data.py), so specials and punctuation start words."""
-        return np.array([not t.startswith("##") for t in self._tokens], dtype=bool)
+        return np.array([not t.startswith("##") for t in tokens], dtype=bool)
 
     def hf_settings(self) -> dict:
         """transformers' BertTokenizer with this tokenizer's casing; BERT's BasicTokenizer
         always spaces out CJK characters, as `bert_pipeline` does."""
         return {
-            "tokenizer_class": "BertTokenizer",
+            "tokenizer_class": self._HF_CLASS,
             "do_lower_case": self._lowercase,
             "strip_accents": self._strip_accents,
             "tokenize_chinese_chars": True,
@@ -192,4 +195,4 @@ def bert_pipeline(vocab: dict[str, int], lowercase: bool, strip_accents: bool) -
     return tokenizer
 
 
-base.register_kind(WordPieceTokenizer._KIND, WordPieceTokenizer.from_directory)
+base.register_backend(WordPieceTokenizer)

@@ -63,6 +63,8 @@ def albert_options(fields: Mapping[str, Any], where: str, name: str) -> dict[str
 
 @dataclasses.dataclass(frozen=True)
 class AlbertFormat(ModelFormat):
+    tokenizer_class: type = tokenizers.SentencePieceTokenizer
+
     def describes(self, config: EncoderConfig) -> bool:
         return config.sharing == "all" and config.factorized_embedding and config.position_offset == 0
 
@@ -71,6 +73,9 @@ class AlbertFormat(ModelFormat):
 
     def tf_options(self, tf_config: Mapping[str, Any], where: str) -> dict[str, Any]:
         return albert_options(tf_config, where, self.tf_config_file)
+
+    def has_tokenizer_files(self, directory: str) -> bool:
+        return any(n.endswith(".model") for n in os.listdir(directory))
 
     def read_tokenizer(self, directory: str, settings: Mapping[str, Any], where: str) -> tokenizers.Tokenizer:
         """spiece.model, or the one *.model (the TF release's 30k-clean.model)."""
@@ -82,7 +87,7 @@ class AlbertFormat(ModelFormat):
                 f"{where}: {'no' if not candidates else 'more than one'} SentencePiece *.model: an ALBERT "
                 "folder needs exactly one (spiece.model, or the TF release's 30k-clean.model)"
             )
-        return tokenizers.SentencePieceTokenizer.from_model_file(
+        return self.tokenizer_class.from_model_file(
             os.path.join(directory, candidates[0]), lowercase=settings.get("do_lower_case", True)
         )
 

@@ -11,7 +11,7 @@ TF1 checkpoints.
 
 Families: HF model_type bert, roberta, albert, electra, deberta and deberta-v2 (DeBERTa-v2
 and v3); TF1 checkpoints of google-research/bert and google-research/albert. An imported
-workdir is what fine-tuning (`finetune.glue --init_checkpoint`), `interop.encode` and
+workdir is what fine-tuning (`finetune.glue --init_from`), `interop.encode` and
 `interop.predict` read as it is.
 """
 
@@ -62,7 +62,9 @@ def build_parser():
         required=True,
         help="import (a published checkpoint -> a workdir) or export (a workdir -> transformers)",
     )
-    imp = commands.add_parser("import", help="a published checkpoint -> a workdir")
+    imp = commands.add_parser(
+        "import", help="a published checkpoint -> a workdir", formatter_class=parser.formatter_class
+    )
     imp.add_argument(
         "--from",
         dest="source",
@@ -78,7 +80,9 @@ def build_parser():
         "discriminator (optional; fill-mask needs it)",
     )
     imp.add_argument("--workdir", required=True, help="new workdir to write")
-    exp = commands.add_parser("export", help="a workdir -> a transformers folder")
+    exp = commands.add_parser(
+        "export", help="a workdir -> a transformers folder", formatter_class=parser.formatter_class
+    )
     exp.add_argument("--workdir", required=True, help="pretraining or imported workdir")
     exp.add_argument(
         "--to",

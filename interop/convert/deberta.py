@@ -46,7 +46,7 @@ from interop.convert.layout import (
     heads,
     rows,
 )
-from interop.convert.roberta import read_bpe_files
+from interop.convert.roberta import has_bpe_files, read_bpe_files
 from models import deberta, deberta_rtd
 from models.disentangled import DisentangledConfig
 from models.encoder import EncoderConfig
@@ -211,8 +211,7 @@ def _hf_config_keys(config: EncoderConfig, groups: set[str]) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class DebertaFormat(ModelFormat):
     version: int = 2  # DisentangledConfig.version: 1 (model_type "deberta") or 2 (v2 and v3)
-    #: The tokenizer class of the family's published folders.
-    tokenizer_class: type = tokenizers.DebertaSentencePieceTokenizer
+    tokenizer_class: type = tokenizers.DebertaSentencePieceTokenizer  # v1's: DebertaBPETokenizer
 
     def describes(self, config: EncoderConfig) -> bool:
         return config.disentangled is not None and (config.disentangled.version == 1) == (self.version == 1)
@@ -247,6 +246,11 @@ class DebertaFormat(ModelFormat):
         if config.disentangled.position_biased_input:
             return set()
         return {("encoder", *deberta.POSITION_TABLE)}
+
+    def has_tokenizer_files(self, directory: str) -> bool:
+        if self.version == 1:
+            return has_bpe_files(directory)
+        return os.path.exists(os.path.join(directory, tokenizers.DEBERTA_SPM_FILE))
 
     def read_tokenizer(self, directory: str, settings: Mapping[str, Any], where: str) -> tokenizers.Tokenizer:
         """v1: vocab.json + merges.txt; v2/v3: spm.model. The tokenizer_config.json settings our

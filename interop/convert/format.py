@@ -302,6 +302,17 @@ class ModelFormat:
 
     # --- tokenizer files -----------------------------------------------------------------
 
+    #: The tokenizer backend of the family's folders: what its files load as
+    #: (`read_tokenizer`), and whose conventions (special token names, pair format,
+    #: word-start rule) a folder's tokenizer.json is read with when it has no such files
+    #: (tokenizer_files.py). BERT's: WordPiece.
+    tokenizer_class: type = tokenizers.WordPieceTokenizer
+
+    def has_tokenizer_files(self, directory: str) -> bool:
+        """Whether a model folder has the family's own tokenizer files (`read_tokenizer`); a
+        transformers 5 folder has only tokenizer.json. BERT's: vocab.txt."""
+        return os.path.exists(os.path.join(directory, tokenizers.VOCAB_FILE))
+
     def read_tokenizer(self, directory: str, settings: Mapping[str, Any], where: str) -> tokenizers.Tokenizer:
         """The family's tokenizer files in a model folder; `settings`: its HF
         tokenizer_config.json ({} without one). BERT's: vocab.txt, casing from the settings,

@@ -115,6 +115,18 @@ def write_hf_model(
     return hf_config["architectures"][0]
 
 
+def _check_empty(folder: str | None) -> None:
+    """Export writes only into a new or empty folder: never over files a user keeps there
+    (their own config.json or weights), as import never writes over a workdir."""
+    if folder is None or not os.path.isdir(folder) or not os.listdir(folder):
+        return
+    held = sorted(os.listdir(folder))
+    raise ConversionError(
+        f"'{folder}' is not empty (it holds {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
+        "export to a new or empty folder"
+    )
+
+
 def export_hf(workdir: str, output: str, step: int | None = None, generator_output: str | None = None) -> str:
     """Writes config.json, model.safetensors and tokenizer files of `workdir` to `output`; of
     a workdir's generator (ELECTRA, DeBERTa-v3), with `generator_output`, also to that folder
@@ -126,6 +138,8 @@ def export_hf(workdir: str, output: str, step: int | None = None, generator_outp
     transformers counterpart (NOT_EXPORTED: SpanBERT's SBO head) are left out with a warning,
     so a SpanBERT workdir exports as BertForMaskedLM.
     """
+    for folder in (output, generator_output):
+        _check_empty(folder)
     pretrained = bundle.load_pretrained(workdir, step)
     config, params, tokenizer = pretrained.config, pretrained.params, pretrained.tokenizer
     try:

@@ -25,8 +25,18 @@ def read_bpe_files(directory: str, where: str, family: str, bpe: type) -> tokeni
     return bpe.from_files(vocab, merges)
 
 
+def has_bpe_files(directory: str) -> bool:
+    """Whether a folder has vocab.json or merges.txt (`read_bpe_files` wants both)."""
+    return any(
+        os.path.exists(os.path.join(directory, n))
+        for n in (tokenizers.BPE_VOCAB_FILE, tokenizers.BPE_MERGES_FILE)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class RobertaFormat(ModelFormat):
+    tokenizer_class: type = tokenizers.ByteLevelBPETokenizer
+
     def describes(self, config: EncoderConfig) -> bool:
         return config.sharing == "none" and not config.factorized_embedding and config.position_offset > 0
 
@@ -39,8 +49,11 @@ class RobertaFormat(ModelFormat):
         # when the folder has one (RobertaModel does, RobertaForMaskedLM not).
         return dataclasses.replace(config, pooler="pooler" in groups, classifier_head="roberta")
 
+    def has_tokenizer_files(self, directory: str) -> bool:
+        return has_bpe_files(directory)
+
     def read_tokenizer(self, directory: str, settings: Mapping[str, Any], where: str) -> tokenizers.Tokenizer:
-        return read_bpe_files(directory, where, "RoBERTa", tokenizers.ByteLevelBPETokenizer)
+        return read_bpe_files(directory, where, "RoBERTa", self.tokenizer_class)
 
     def check_export(self, config: EncoderConfig, groups: set[str], pad_id: int) -> None:
         if config.position_offset != pad_id + 1:

@@ -13,7 +13,7 @@ its depth that predicts through the enhanced mask decoder, v3's RTD head, gradie
 disentangled embedding sharing (models/deberta_rtd.py), and the discriminator loss weighted
 10 (rtd_task.py's rtd_lambda default, which the original's rtd.sh keeps).
 
-Deviation (README "DeBERTa"): the original trains the generator and the discriminator with
+Deviation (docs/families/deberta.md): the original trains the generator and the discriminator with
 two optimizers, one step each (rtd_task.py decoupled_training), the discriminator after the
 generator's update; here one optimizer steps both from one loss, so gradient clipping spans
 both towers and the discriminator reads the generator's table from before the step. The

@@ -9,8 +9,8 @@ Per step, inside the jitted step (so masks are dynamic and cost no input pipelin
    (n = real tokens, [CLS] and [SEP] included; P = int((mask_prob + 0.005) x L), 19 at
    L = 128 and mask_prob 0.15). 85% of them become [MASK], 15% stay: no random-token
    branch. The original samples positions with replacement and averages duplicates
-   (electra issue 41); we draw without replacement (Gumbel top-k) and say so in the
-   README.
+   (electra issue 41); we draw without replacement (Gumbel top-k) and say so in
+   docs/families/electra.md.
 2. the generator predicts the masked positions; one token per position is sampled from
    its softmax (Gumbel-max, temperature 1, stop_gradient) and written into the ORIGINAL
    row (models/electra.py);
