@@ -405,6 +405,7 @@ class Checkpointer:
             self._check_compatible(step, abstract_state)
             error = None
             try:
+                self._check_host_count(step)
                 state = self.restore(step, abstract_state, iterator_for(step))
             except IteratorMismatchError:
                 if not reset_iterator:
@@ -429,6 +430,19 @@ class Checkpointer:
                 moved,
             )
         return None, None
+
+    def _check_host_count(self, step: int) -> None:
+        """IteratorMismatchError when the step's data positions were saved by another number
+        of hosts: each host saved its own, and this run's hosts would read other rows (not
+        damage: nothing is moved). No position at all is left to `restore` (damage)."""
+        saved = len(tf.io.gfile.glob(os.path.join(self._iterators_dir, str(step), "process_*.index")))
+        if saved and saved != jax.process_count():
+            raise IteratorMismatchError(
+                f"checkpoint step {step} in {self.directory} holds the data positions of {saved} "
+                f"host(s), this run has {jax.process_count()}: resume with {saved} host(s), or bind "
+                "run.reset_data_iterator = True to keep the model and optimizer state and restart "
+                "the data stream"
+            )
 
     def restore(self, step: int, abstract_state: Any, iterator: tf.data.Iterator) -> Any:
         """Restores step `step` into the shardings of `abstract_state`, and the iterator in place."""

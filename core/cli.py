@@ -129,7 +129,7 @@ def gin_files(args: argparse.Namespace) -> list[str]:
 
 
 def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
-    """--mesh and --distributed (core/sharding.py)."""
+    """--mesh (core/sharding.py), --distributed and the cluster's settings (core/cluster.py)."""
     parser.add_argument(
         "--mesh",
         default=None,
@@ -140,9 +140,36 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
         "--distributed",
         default="auto",
         choices=("auto", "on", "off"),
-        help="jax.distributed.initialize(): 'auto' when the environment lists several hosts (a TPU "
-        "pod slice, or JAX_COORDINATOR_ADDRESS), 'on' always, 'off' never",
+        help="jax.distributed.initialize(): 'auto' when the settings below or the environment "
+        "describe several processes (a TPU pod slice, JAX_COORDINATOR_ADDRESS), 'on' always (JAX "
+        "also detects SLURM, Open MPI, Kubernetes), 'off' never",
     )
+    parser.add_argument(
+        "--coordinator_address",
+        default=None,
+        metavar="HOST:PORT",
+        help="the cluster's coordinator, process 0's host (default: $JAX_COORDINATOR_ADDRESS)",
+    )
+    parser.add_argument(
+        "--num_processes",
+        type=positive_int,
+        default=None,
+        help="processes in the cluster (default: $JAX_NUM_PROCESSES, else what JAX detects)",
+    )
+    parser.add_argument(
+        "--process_id",
+        type=int,
+        default=None,
+        help="this process's id, 0..num_processes-1 (default: $JAX_PROCESS_ID, else what JAX detects)",
+    )
+
+
+def initialize_distributed(args: argparse.Namespace) -> bool:
+    """`core.cluster.initialize_distributed` with the flags of `add_mesh_flags`."""
+    from core import cluster
+
+    settings = cluster.Cluster.from_settings(args.coordinator_address, args.num_processes, args.process_id)
+    return cluster.initialize_distributed(args.distributed, settings)
 
 
 def entry(
@@ -175,6 +202,15 @@ def setup_logging(is_main_process: bool = True) -> None:
     )
     for chatty in ("absl", "jax._src.xla_bridge", "orbax"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    jax = sys.modules.get("jax")  # joined a cluster already (initialize_distributed runs first)
+    if jax is not None and jax.process_count() > 1:
+        logging.getLogger("cluster").info(
+            "distributed: process %d of %d, %d of %d devices here",
+            jax.process_index(),
+            jax.process_count(),
+            jax.local_device_count(),
+            jax.device_count(),
+        )
 
 
 def parse_gin(files: Sequence[str], bindings: Sequence[str], *, skip_unknown: bool = False) -> None:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import math
-import os
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -53,28 +51,6 @@ def logical_axis_rules(fsdp_embed: bool = True) -> tuple[tuple[str, str | tuple[
         (axes.KV, None),
         (axes.PREDICTIONS, None),
     )
-
-
-def initialize_distributed(mode: str = "auto") -> bool:
-    """Joins the other hosts of a pod (`jax.distributed.initialize`) when there are any.
-
-    mode "auto" initialises when the environment describes several hosts: a Cloud TPU
-    pod slice (TPU_WORKER_HOSTNAMES lists more than one worker) or an explicit
-    coordinator (JAX_COORDINATOR_ADDRESS, e.g. GPU clusters); "on" always, "off" never.
-    Must run before any other JAX call. Returns whether it initialised.
-    """
-    if mode not in ("auto", "on", "off"):
-        raise MeshError(f"--distributed must be auto, on or off, got {mode!r}")
-    workers = [w for w in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if w.strip()]
-    wanted = mode == "on" or (
-        mode == "auto" and (len(workers) > 1 or bool(os.environ.get("JAX_COORDINATOR_ADDRESS")))
-    )
-    if wanted:
-        jax.distributed.initialize()
-        logging.getLogger(__name__).info(
-            "distributed: process %d of %d", jax.process_index(), jax.process_count()
-        )
-    return wanted
 
 
 def parse_mesh(spec: str | None, num_devices: int) -> dict[str, int]:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import traverse_util
+from jax.experimental import multihost_utils
 
 from core.sharding import Partitioner
 
@@ -79,10 +80,19 @@ def shaped_like(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+def _on_host(x: Any) -> np.ndarray:
+    """An array's whole value on this host; one sharded over several processes' devices
+    (fsdp or tensor across hosts) is gathered from all of them (a collective: every
+    process calls it, as every process computes the hash)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
 def params_sha256(params: Any) -> str:
     """Hash of all parameters in a canonical order (sorted paths; path, dtype, shape, bytes)."""
     digest = hashlib.sha256()
-    flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+    flat = traverse_util.flatten_dict(jax.tree.map(_on_host, params), sep="/")
     for path in sorted(flat):
         value = np.ascontiguousarray(flat[path])
         digest.update(f"{path}:{value.dtype}:{value.shape}".encode())

@@ -278,10 +278,9 @@ def _run(args) -> None:
     import jax
     import tensorflow as tf
 
-    from core import sharding
     from finetune import sweep  # noqa: F401  (registers Grid with gin)
 
-    sharding.initialize_distributed(args.distributed)
+    cli.initialize_distributed(args)
     tf.config.set_visible_devices([], "GPU")  # TF only reads files here: keep it off the accelerators
     cli.setup_logging(jax.process_index() == 0)
     logging.getLogger("finetune").setLevel(logging.INFO)

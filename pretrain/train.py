@@ -69,10 +69,9 @@ def _run(args) -> None:
     import jax
     import tensorflow as tf
 
-    from core import sharding
     from pretrain import trainer  # registers run, the objectives, EncoderConfig, PipelineConfig, adamw ...
 
-    sharding.initialize_distributed(args.distributed)  # before any other JAX call
+    cli.initialize_distributed(args)  # before any other JAX call
     tf.config.set_visible_devices([], "GPU")  # tf.data only: keep TF off the accelerators
     cli.setup_logging(jax.process_index() == 0)
     cli.parse_gin(cli.gin_files(args), args.gin_bindings)

@@ -29,6 +29,7 @@ TOOLS = [
     "bench.compare",
     "bench.memory",
     "bench.input_pipeline",
+    "core.local_pod",
     # bench.peer_hf runs only in the peer's own virtualenv (transformers 4.57.6, Flax models).
 ]
 

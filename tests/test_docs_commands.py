@@ -115,6 +115,10 @@ def test_each_tool_command_parses(page, number, line, run):
         parsed = parser.parse_args(cli.gin_dot_flags(args))
     except SystemExit:
         pytest.fail(f"{page}:{number}: {name} refuses its flags: {line}")
+    if name == "core.local_pod":  # the pod's flags, then the tool each process runs
+        inner = parsed.command[1:] if parsed.command[:1] == ["--"] else parsed.command
+        assert inner, f"{page}:{number}: no tool after --: {line}"
+        test_each_tool_command_parses(page, number, line, (inner[0], inner[1:]))
     hidden = {alias for action in parser._actions for alias in getattr(action, "hidden_aliases", ())}
     old = [a for a in args if a.split("=")[0] in hidden]
     assert not old, f"{page}:{number}: {old} is an old spelling (docs/cli.md): {line}"

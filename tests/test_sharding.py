@@ -145,16 +145,3 @@ def test_mocked_hosts_read_disjoint_data_covering_all(tmp_path, num_hosts):
         for j in range(i + 1, num_hosts):
             assert seen[i].isdisjoint(seen[j])
     assert set().union(*seen) == set(docs)
-
-
-def test_distributed_initialises_only_on_a_pod(monkeypatch):
-    calls = []
-    monkeypatch.setattr(jax.distributed, "initialize", lambda: calls.append(1))
-    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
-    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
-    assert not sharding.initialize_distributed("auto") and not calls
-    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5")
-    assert sharding.initialize_distributed("auto") and calls == [1]
-    assert not sharding.initialize_distributed("off") and calls == [1]
-    with pytest.raises(sharding.MeshError, match="--distributed must be"):
-        sharding.initialize_distributed("maybe")

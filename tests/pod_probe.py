@@ -1,0 +1,85 @@
+r"""A tiny program for the local-pod tests (core/local_pod.py): joins the cluster as our
+tools do and checks one collective across the processes.
+
+    python -m core.local_pod --processes=2 --devices_per_process=2 -- tests.pod_probe [--fail_process=1]
+
+Prints `process I of N: D local / G global devices, sum S` where S is the sum over a
+global array whose rows each process filled with its own id + 1 (so it is right only if
+every process's rows took part). `--fail_process=K` makes process K exit with status 3
+before joining: the others then wait for it (the hang the pod must name).
+`--train_mesh=SPEC` instead trains the mesh tests' tiny MaskedLM for 3 steps on fixed
+global batches (tests/mesh_training.py), each process feeding its own rows of each, and
+prints `SPEC: params_sha256 H losses L`: the same whatever the number of processes.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+from core import cli
+
+
+def build_parser():
+    parser = cli.parser(__doc__, "tests.pod_probe")
+    cli.add_mesh_flags(parser)
+    parser.add_argument("--fail_process", type=int, default=None, help="this process exits with status 3")
+    parser.add_argument(
+        "--train_mesh",
+        action="append",
+        default=[],
+        help="train 3 steps on this mesh and print the hash (repeatable)",
+    )
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    import os
+
+    if args.fail_process is not None and os.environ.get("JAX_PROCESS_ID") == str(args.fail_process):
+        print("failing as asked", flush=True)
+        return 3
+    cli.initialize_distributed(args)
+    import jax
+    from jax.experimental import multihost_utils
+
+    from core import sharding
+
+    if args.train_mesh:
+        for spec in args.train_mesh:
+            _train(spec)
+        return 0
+    mesh = sharding.make_mesh(None)
+    local = np.full((jax.local_device_count(), 4), jax.process_index() + 1, np.float32)
+    rows = multihost_utils.host_local_array_to_global_array(local, mesh, jax.sharding.PartitionSpec("data"))
+    total = float(jax.jit(lambda x: x.sum())(rows))
+    print(
+        f"process {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local / "
+        f"{jax.device_count()} global devices, sum {total:g}",
+        flush=True,
+    )
+    return 0
+
+
+def _train(mesh_spec: str) -> None:
+    import jax
+
+    from core import sharding
+    from core.state import params_sha256
+    from data.pipeline import PipelineConfig
+    from pretrain.objectives import MaskedLM
+    from tests import mesh_training
+
+    rows = mesh_training.B // jax.process_count()
+    mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
+    batches = [{k: v[mine] for k, v in b.items()} for b in mesh_training.mlm_batches(3)]
+    data = PipelineConfig(max_seq_length=mesh_training.L, max_predictions_per_seq=mesh_training.P)
+    objective = MaskedLM(mesh_training.SHARDABLE, data)
+    state, losses = mesh_training.train(sharding.make_mesh(mesh_spec), batches, objective)
+    print(f"{mesh_spec}: params_sha256 {params_sha256(state.params)} losses {losses}", flush=True)
+
+
+main = cli.entry(build_parser, _run)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Several real JAX processes on this machine as one cluster (core/local_pod.py), formed the
+way a GPU cluster forms one (core/cluster.py): the settings, their one-line errors, a
+collective across processes, a process that fails while the other waits, and pretraining."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from core import cluster, local_pod
+from data import synthetic
+from pretrain import train
+from tests import cli_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize(
+    "settings, env, message",
+    [
+        (dict(coordinator_address="10.0.0.1:1234"), {}, "is set but not --num_processes and --process_id"),
+        (dict(coordinator_address="10.0.0.1:1234", num_processes=2), {}, "is set but not --process_id"),
+        (dict(num_processes=2, process_id=0), {}, "need the coordinator's address too"),
+        (dict(coordinator_address="h:1", num_processes=2, process_id=2), {}, "--process_id=2 is not in 0..1"),
+        ({}, {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two"}, "JAX_NUM_PROCESSES='two'"),
+    ],
+)
+def test_a_half_given_cluster_is_one_line(monkeypatch, settings, env, message):
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(cluster.ClusterError, match=message):
+        cluster.initialize_distributed("auto", cluster.Cluster.from_settings(**settings))
+    assert not calls
+
+
+def test_initialize_gets_the_settings_from_flags_or_environment(monkeypatch):
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    assert not cluster.initialize_distributed("auto") and not calls  # one process, nothing said
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3")  # a pod slice: JAX detects the rest
+    assert cluster.initialize_distributed("auto")
+    assert calls[-1] == dict(coordinator_address=None, num_processes=None, process_id=None)
+    monkeypatch.delenv("TPU_WORKER_HOSTNAMES")
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAX_PROCESS_ID", "3")
+    assert cluster.initialize_distributed("auto")
+    assert calls[-1] == dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=3)
+    flags = cluster.Cluster.from_settings("10.0.0.9:99", 2, 1)  # flags win over the environment
+    assert cluster.initialize_distributed("auto", flags)
+    assert calls[-1] == dict(coordinator_address="10.0.0.9:99", num_processes=2, process_id=1)
+    assert not cluster.initialize_distributed("off") and len(calls) == 3
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # SLURM: JAX finds the count and the id itself
+    assert cluster.initialize_distributed("auto", cluster.Cluster.from_settings("10.0.0.1:1234", env={}))
+    with pytest.raises(cluster.ClusterError, match="--distributed must be"):
+        cluster.initialize_distributed("maybe")
+
+
+def test_a_local_pod_forms_one_cluster(tmp_path):
+    """Two processes of 2 fake devices each: one 4-device cluster; the global sum counts
+    every process's rows (2 devices x 4 x 1 + 2 devices x 4 x 2 = 24)."""
+    results = local_pod.run_pod(["tests.pod_probe"], 2, 2, str(tmp_path), timeout=240)
+    assert [r.returncode for r in results] == [0, 0], [r.output()[-2000:] for r in results]
+    for r in results:
+        assert f"process {r.process_id} of 2: 2 local / 4 global devices, sum 24" in r.output()
+
+
+def test_a_process_that_fails_leaves_no_one_waiting(tmp_path, capsys):
+    """Process 1 exits before joining; process 0 waits for it in jax.distributed.initialize
+    until the pod kills it and names both."""
+    status = local_pod.main(
+        ["--processes=2", "--devices_per_process=2", "--grace=3", f"--log_dir={tmp_path}"]
+        + ["--", "tests.pod_probe", "--fail_process=1"]
+    )
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err == (
+        "error: process 1 exited with status 3; process 0 did not end 3 s after that and was killed: "
+        f"see {tmp_path}/process_1.log (all logs in {tmp_path})"
+    )
+    assert "failing as asked" in (tmp_path / "process_1.log").read_text()
+
+
+def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
+    """The case a GPU-cluster user meets first: only JAX_COORDINATOR_ADDRESS set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_NUM", "JAX_PROCESS", "SLURM"))}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain.train",
+            "--gin_file=configs/runs/demo.gin",
+            "--workdir=/nonexistent/w",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**env, "JAX_COORDINATOR_ADDRESS": "127.0.0.1:1"},
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: the coordinator address 127.0.0.1:1 is set but not --num_processes and --process_id: give "
+        "every process the cluster's size and its own id (JAX_NUM_PROCESSES, JAX_PROCESS_ID), or start it "
+        "under SLURM, Open MPI or Kubernetes"
+    ]
+
+
+@pytest.mark.slow(120)
+def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path):
+    """The same global batches (each process feeding its rows) give bit-identical parameters
+    and losses on 2 processes x 4 devices and on 1 process x 8, with the batch split over
+    both processes (data:8), parameters split across them (fsdp:8: the hash gathers them),
+    and every axis at once."""
+    meshes = ["data:8", "fsdp:8", "data:2,fsdp:2,tensor:2"]
+    command = ["tests.pod_probe", *(f"--train_mesh={m}" for m in meshes)]
+    lines = {}
+    for processes in (1, 2):
+        results = local_pod.run_pod(
+            command, processes, 8 // processes, str(tmp_path / str(processes)), timeout=400
+        )
+        assert all(r.returncode == 0 for r in results), [r.output()[-3000:] for r in results]
+        for r in results:
+            lines[processes, r.process_id] = [
+                line for line in r.output().splitlines() if "params_sha256" in line
+            ]
+    assert len(lines[1, 0]) == len(meshes) and lines[2, 0] == lines[1, 0] and lines[2, 1] == lines[1, 0]
+
+
+@pytest.mark.slow(150)
+def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
+    """pretrain.train as 2 processes x 4 devices, through the tool's own --distributed=auto,
+    twice: each host saves its own data position, process 0 alone writes the summary,
+    metrics and TensorBoard, the checkpoint holds both hosts' work, and the second run ends
+    on the first one's parameters (a real input pipeline reproduces itself). Resuming it
+    with one process is a one-line error that moves nothing."""
+    monkeypatch.chdir(ROOT)
+    data_dir = synthetic.write_shards(
+        str(tmp_path / "shards"),
+        synthetic.make_documents(40, seed=1, max_len=8),
+        synthetic.make_documents(6, seed=2, max_len=8, first_id=150),
+    )
+    gin_file = tmp_path / "tiny.gin"
+    gin_file.write_text(
+        "include 'configs/models/bert_tiny.gin'\ninclude 'configs/recipes/bert.gin'\n"
+        f"run.data_dir = '{data_dir}'\nPipelineConfig.max_seq_length = 32\n"
+        "PipelineConfig.max_predictions_per_seq = 5\nPipelineConfig.document_shuffle_buffer = 10\n"
+        "PipelineConfig.instance_shuffle_buffer = 10\nrun.batch_size = 8\nrun.steps = 2\n"
+        "run.log_every = 1\nrun.eval_batches = 1\nadamw.warmup_steps = 1\n"
+    )
+    hashes = []
+    for run in ("a", "b"):
+        workdir = tmp_path / run
+        command = ["pretrain.train", f"--gin_file={gin_file}", f"--workdir={workdir}"]
+        results = local_pod.run_pod(command, 2, 4, str(tmp_path / f"logs_{run}"), timeout=400)
+        assert [r.returncode for r in results] == [0, 0], [r.output()[-3000:] for r in results]
+        assert "distributed: process 0 of 2, 4 of 8 devices here" in results[0].output()
+        assert "done: step 2" in results[0].output()
+        summary = json.loads((workdir / "summary.json").read_text())
+        assert summary["step"] == 2 and (workdir / "checkpoints" / "2").is_dir()
+        positions = sorted(p.name for p in (workdir / "data_iterators" / "2").iterdir())
+        assert {p.split(".")[0] for p in positions} == {"process_0", "process_1"}
+        metrics = (workdir / "metrics.jsonl").read_text().splitlines()
+        assert (
+            len(metrics) == len(set(metrics)) and len(list((workdir / "tensorboard").rglob("events*"))) == 1
+        )
+        hashes.append(summary["params_sha256"])
+    assert hashes[0] == hashes[1]
+    # One process resuming the 2-host run: the positions of 2 hosts do not fit 1 (nothing moved).
+    before = sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    result = cli_run.run(
+        train.main,
+        [f"--gin_file={gin_file}", f"--workdir={tmp_path / 'a'}", "--gin_bindings=run.steps = 3"],
+        capsys,
+    )
+    assert result.returncode == 2 and result.errors() == [
+        f"error: checkpoint step 2 in {tmp_path / 'a' / 'checkpoints'} holds the data positions of "
+        "2 host(s), this run has 1: resume with 2 host(s), or bind run.reset_data_iterator = True to "
+        "keep the model and optimizer state and restart the data stream"
+    ]
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == before
