@@ -60,7 +60,11 @@ def _train_main(args: argparse.Namespace) -> None:
 def build_parser():
     parser = cli.parser(__doc__, "data.tokenizers")
     commands = parser.add_subparsers(dest="command", required=True, help="the command: train (the only one)")
-    train = commands.add_parser("train", help="learn a WordPiece, byte-level BPE or SentencePiece vocab")
+    train = commands.add_parser(
+        "train",
+        help="learn a WordPiece, byte-level BPE or SentencePiece vocab",
+        formatter_class=parser.formatter_class,
+    )
     train.add_argument(
         "--corpus",
         required=True,
