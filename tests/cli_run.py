@@ -9,8 +9,10 @@ that must start with another device count (bench)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import gin
 
@@ -50,3 +52,10 @@ def run(main: Callable[[Sequence[str]], int], argv: Sequence[str], capsys) -> Re
         logging.root.setLevel(level)
     out, err = capsys.readouterr()
     return Result(status, out, err)
+
+
+def tool_module(name: str) -> ModuleType:
+    """The module holding a tool's `build_parser` and `main`: `name` itself, or for a
+    package (`python -m data.tokenizers`) its cli.py, which its __main__.py runs."""
+    module = importlib.import_module(name)
+    return importlib.import_module(f"{name}.cli") if hasattr(module, "__path__") else module

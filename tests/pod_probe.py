@@ -13,6 +13,7 @@ prints `SPEC: params_sha256 H losses L`: the same whatever the number of process
 """
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -34,8 +35,6 @@ def build_parser():
 
 
 def _run(args: argparse.Namespace) -> int:
-    import os
-
     if args.fail_process is not None and os.environ.get("JAX_PROCESS_ID") == str(args.fail_process):
         print("failing as asked", flush=True)
         return 3

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from core import cli
+from tests import cli_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = [
@@ -44,9 +45,7 @@ def _parsers(parser: argparse.ArgumentParser):
 
 @pytest.mark.parametrize("name", TOOLS)
 def test_help_explains_every_flag(name, capsys):
-    module = importlib.import_module(name)
-    if hasattr(module, "__path__"):  # a package: its command line is cli.py (__main__.py runs it)
-        module = importlib.import_module(f"{name}.cli")
+    module = cli_run.tool_module(name)
     # TensorFlow's environment first (quiet start; ruff's isort keeps it before TensorFlow).
     assert "\nimport core.tf_env" in open(module.__file__).read(), name
     for parser in _parsers(module.build_parser()):
@@ -112,7 +111,6 @@ def test_every_error_class_is_a_user_error():
 @pytest.mark.smoke("tests/test_demo.py::test_demo_runs_every_stage_and_reports")
 def test_demo_smoke(tmp_path, capsys, monkeypatch):
     from pretrain import demo
-    from tests import cli_run
 
     monkeypatch.chdir(ROOT)
     args = [f"--workdir={tmp_path}", "--vocab_size=500", "--gin_bindings=run.steps=1"]
@@ -128,7 +126,6 @@ def test_ablate_smoke(tmp_path, capsys, monkeypatch):
     """One arm, one step (the arm trains in its own process, as always)."""
     from data import synthetic
     from pretrain import ablate
-    from tests import cli_run
 
     monkeypatch.chdir(ROOT)
     data_dir = synthetic.write_shards(
@@ -168,7 +165,7 @@ def test_glue_smoke(tmp_path, capsys, monkeypatch):
     from interop import bundle
     from models.encoder import EncoderConfig
     from models.pretraining import BertPretrainingModel, example_batch
-    from tests import cli_run, jitted
+    from tests import jitted
     from tests.glue_folders import write_glue_dir
 
     monkeypatch.chdir(ROOT)
@@ -192,7 +189,6 @@ def test_glue_smoke(tmp_path, capsys, monkeypatch):
 
 def test_demo_task_smoke(tmp_path, capsys):
     from finetune import demo_task
-    from tests import cli_run
 
     args = [f"--output={tmp_path}", "--train=20", "--dev=10", "--test=10"]
     result = cli_run.run(demo_task.main, args, capsys)
@@ -205,7 +201,6 @@ def test_memory_smoke(capsys):
     import json
 
     from bench import memory
-    from tests import cli_run
 
     args = ["--gin_file=configs/models/bert_tiny.gin", "--gin_bindings=EncoderConfig.vocab_size=512"]
     args += ["--mesh=fsdp:8", "--batch_size=8", "--seq_len=16", "--num_predictions=2"]
@@ -217,7 +212,6 @@ def test_memory_smoke(capsys):
 
 def test_compare_needs_the_peer_venv(capsys):
     from bench import compare
-    from tests import cli_run
 
     result = cli_run.run(compare.main, ["--peer_python=/nonexistent/python"], capsys)
     assert result.returncode == 2
@@ -238,16 +232,11 @@ def test_each_smoke_test_names_a_slow_test_that_runs_the_tool_in_full():
         assert "slow" in marks, nodeid
 
 
-def _tool_module(name):
-    module = importlib.import_module(name)
-    return importlib.import_module(f"{name}.cli") if hasattr(module, "__path__") else module
-
-
 @pytest.mark.parametrize("name", TOOLS + ["bench.peer_hf"])
 def test_usage_lines_reach_help_as_written(name):
     """A backslash that continues a usage line in the module docstring survives into --help
     (a non-raw docstring would join the lines: ruff's D301 keeps them raw)."""
-    module = _tool_module(name)
+    module = cli_run.tool_module(name)
     source = open(module.__file__).read()
     docstring = source[source.index('"""') + 3 : source.index('"""', source.index('"""') + 3)]
     assert docstring.count("\\\n") == module.__doc__.count("\\\n")
@@ -281,7 +270,7 @@ REQUIRED = {
 
 @pytest.mark.parametrize("name, old, new, dest, value", ALIASES)
 def test_old_flag_spellings_are_hidden_aliases(name, old, new, dest, value):
-    parser = _tool_module(name).build_parser()
+    parser = cli_run.tool_module(name).build_parser()
     required = REQUIRED.get(name, [])
     assert getattr(parser.parse_args([*required, old]), dest) == value
     assert getattr(parser.parse_args([*required, new]), dest) == value
@@ -338,7 +327,7 @@ def test_every_tool_repeats_gin_file_and_reads_gin_dot_flags():
 )
 def test_counts_below_one_are_usage_errors(tmp_path, capsys, name, argv, message):
     with pytest.raises(SystemExit) as exit_:
-        _tool_module(name).main([a.replace("OUT", str(tmp_path / "out")) for a in argv])
+        cli_run.tool_module(name).main([a.replace("OUT", str(tmp_path / "out")) for a in argv])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
     assert not (tmp_path / "out").exists()

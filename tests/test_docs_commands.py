@@ -6,7 +6,6 @@ stale when a flag or a file is renamed."""
 from __future__ import annotations
 
 import glob
-import importlib
 import os
 import re
 import shlex
@@ -14,6 +13,7 @@ import shlex
 import pytest
 
 from core import cli
+from tests import cli_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUR_PACKAGES = ("core", "data", "models", "interop", "pretrain", "finetune", "bench")
@@ -77,13 +77,6 @@ def _module_args(words: list[str]) -> tuple[str, list[str]] | None:
     return words[2], words[3:]
 
 
-def _tool_parser(name: str):
-    module = importlib.import_module(name)
-    if hasattr(module, "__path__"):  # a package: its command line is cli.py
-        module = importlib.import_module(f"{name}.cli")
-    return module.build_parser()
-
-
 def _commands():
     for page in PAGES:
         for number, line in shell_lines(page):
@@ -110,7 +103,7 @@ def test_the_pages_hold_commands():
 @pytest.mark.parametrize("page, number, line, run", TOOL_RUNS, ids=[f"{p}:{n}" for p, n, _, _ in TOOL_RUNS])
 def test_each_tool_command_parses(page, number, line, run):
     name, args = run
-    parser = _tool_parser(name)
+    parser = cli_run.tool_module(name).build_parser()
     try:
         parsed = parser.parse_args(cli.gin_dot_flags(args))
     except SystemExit:

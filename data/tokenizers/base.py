@@ -162,8 +162,11 @@ class VocabTable:
     @classmethod
     def word_starts(cls, tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
         """bool [len(tokens)]: the backend's word-start rule (`Tokenizer.word_start_mask`) for
-        a vocabulary whose token i is `tokens[i]` and whose special tokens are `specials`."""
-        raise NotImplementedError
+        a vocabulary whose token i is `tokens[i]` and whose special tokens are `specials`.
+        Every backend defines its own; this base has no rule to fall back on."""
+        raise NotImplementedError(
+            f"{cls.__name__} defines no word_starts: a backend must give its word-start rule"
+        )
 
     def word_start_mask(self) -> np.ndarray:
         """`Tokenizer.word_start_mask`: `word_starts` of this vocabulary (the backend's rule)."""
