@@ -42,6 +42,7 @@ import orbax.checkpoint as ocp
 import tensorflow as tf
 from jax.experimental import multihost_utils
 
+from core import cluster
 from core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ def _absolute(path: str) -> str:
 
 def check_writable(workdir: str) -> None:
     """Fails before anything is built when the workdir cannot be created or written."""
-    probe = os.path.join(workdir, ".write_probe")
+    # One probe per host: on a pod every host probes the same workdir at the same moment.
+    probe = os.path.join(workdir, f".write_probe_{jax.process_index()}")
     try:
         tf.io.gfile.makedirs(workdir)
         with tf.io.gfile.GFile(probe, "w") as f:
@@ -368,7 +370,7 @@ class Checkpointer:
                 steps.append(int(name))
         return sorted(steps)
 
-    def _save_error(self, step: int | None, e: BaseException) -> CheckpointError:
+    def _save_error(self, step: int | None, e: BaseException) -> UserError:
         complete = self._complete_steps()
         previous = complete[-1] if complete else None
         kept = (
@@ -377,6 +379,8 @@ class Checkpointer:
             else "no checkpoint was completed"
         )
         what = f"checkpoint {step}" if step is not None else "a checkpoint"
+        if cluster.peer_lost(e):
+            return cluster.lost_peer_error(f"the save of {what}", e, kept)
         return CheckpointError(
             f"saving {what} in {self.directory} failed ({one_line(e)}); {kept}: "
             "free space or fix the workdir, then run the same command to resume"

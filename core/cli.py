@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from core.errors import ConfigError, UserError
@@ -162,6 +163,26 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="this process's id, 0..num_processes-1 (default: $JAX_PROCESS_ID, else what JAX detects)",
     )
+    parser.add_argument(
+        "--peer_timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="in a cluster, a process that shows no sign of life for this long (killed, its host "
+        "gone) ends the others with one line; 0: leave it to JAX's heartbeat (100 s, then a C++ abort)",
+    )
+
+
+def check_same_command(args: argparse.Namespace) -> None:
+    """In a cluster, after the gin files are parsed and before anything is written: every
+    process was started with the same flags and gin config, else a one-line ClusterError on
+    every process (a host with another data directory would train on data none asked for)."""
+    import gin
+
+    from core import cluster
+
+    flags = {k: v for k, v in sorted(vars(args).items()) if k != "process_id"}
+    cluster.check_same_everywhere(f"{gin.config_str()}\n{flags!r}")
 
 
 def initialize_distributed(args: argparse.Namespace) -> bool:
@@ -169,7 +190,7 @@ def initialize_distributed(args: argparse.Namespace) -> bool:
     from core import cluster
 
     settings = cluster.Cluster.from_settings(args.coordinator_address, args.num_processes, args.process_id)
-    return cluster.initialize_distributed(args.distributed, settings)
+    return cluster.initialize_distributed(args.distributed, settings, args.peer_timeout)
 
 
 def entry(
@@ -180,16 +201,39 @@ def entry(
 
     def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(gin_dot_flags(sys.argv[1:] if argv is None else argv))
+        cluster = None
         try:
             status = run(args)
         except UserError as e:
             # The message's first line: gin appends the configurable that was being called
             # ("In call to configurable 'run'") on further lines, which says nothing here.
             print(f"error: {_message(e)}", file=sys.stderr)
-            return 2
+            status = 2
+        except Exception as e:  # pylint: disable=broad-except
+            cluster = _cluster()
+            if cluster is None:
+                raise
+            if cluster.peer_lost(e):  # a collective of a step, an evaluation ...
+                print(f"error: {cluster.lost_peer_error('a collective', e)}", file=sys.stderr)
+                status = 2
+            else:
+                traceback.print_exc()
+                status = 1
+        cluster = cluster or (_cluster() if status else None)
+        if status and cluster is not None:
+            cluster.leave(status)  # not through JAX's shutdown barrier, which would wait for the others
         return 0 if status is None else status
 
     return main
+
+
+def _cluster():
+    """core.cluster when this process is one of several JAX processes, else None."""
+    if "jax" not in sys.modules:
+        return None
+    from core import cluster
+
+    return cluster if cluster.in_cluster() else None
 
 
 def setup_logging(is_main_process: bool = True) -> None:

@@ -13,15 +13,28 @@ outside a scheduler JAX detects) is a one-line ClusterError before JAX is called
 would fail with a traceback ("Number of processes must be defined") or wait for peers
 that never come. On CPU, the processes' collectives go through gloo
 (`jax_cpu_collectives_implementation`, JAX's default).
+
+Once joined, a cluster's failures stay one line too (docs/pods.md, "When a host dies"):
+`check_same_everywhere` stops every process started with other settings than process 0;
+`PeerWatch` ends the others when one process is gone; `peer_lost` recognises the error a
+collective raises when a peer's connection closes; `leave` exits without JAX's shutdown
+barrier after an error.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import hashlib
+import logging
 import os
+import sys
+import threading
+import time
 from collections.abc import Mapping
 
 import jax
+import numpy as np
 
 from core.errors import UserError
 
@@ -110,14 +123,17 @@ class Cluster:
             )
 
 
-def initialize_distributed(mode: str = "auto", cluster: Cluster | None = None) -> bool:
+def initialize_distributed(
+    mode: str = "auto", cluster: Cluster | None = None, peer_timeout: float = 60.0
+) -> bool:
     """Joins the other processes (`jax.distributed.initialize`) when there are any.
 
     mode "auto" initialises when the settings or the environment describe several
     processes: a Cloud TPU pod slice (TPU_WORKER_HOSTNAMES lists more than one worker) or
     an explicit cluster (`cluster`, default from the environment); "on" always (JAX then
     also detects SLURM, Open MPI, Kubernetes), "off" never. Must run before any other JAX
-    call. Returns whether it initialised.
+    call. Then a PeerWatch with `peer_timeout` (0: none) watches the other processes.
+    Returns whether it initialised.
     """
     if mode not in ("auto", "on", "off"):
         raise ClusterError(f"--distributed must be auto, on or off, got {mode!r}")
@@ -133,4 +149,147 @@ def initialize_distributed(mode: str = "auto", cluster: Cluster | None = None) -
         num_processes=cluster.num_processes,
         process_id=cluster.process_id,
     )
+    if peer_timeout > 0 and in_cluster():
+        PeerWatch(peer_timeout).start()
     return True
+
+
+class PeerLostError(UserError):
+    """Another process of the cluster stopped (killed, preempted, crashed) while this one
+    needed it."""
+
+
+# What the runtimes say when a peer is gone: gloo (CPU collectives) when a peer's socket
+# closes, JAX's coordination service when a peer stops sending heartbeats, NCCL when a
+# remote process exits.
+_PEER_LOST_SIGNS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "heartbeat timeout",
+    "stopped sending heartbeats",
+    "remote process exited",
+)
+
+
+def in_cluster() -> bool:
+    """Whether this process joined other processes (`jax.distributed.initialize`); does not
+    start a JAX backend."""
+    return jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether `error` (raised by a collective, a checkpoint save ...) means that another
+    process of the cluster has gone."""
+    text = str(error)
+    return in_cluster() and any(sign in text for sign in _PEER_LOST_SIGNS)
+
+
+def lost_peer_error(during: str, error: BaseException, then: str = "") -> PeerLostError:
+    """The one-line error for a peer lost `during` something; `then` says what is kept."""
+    detail = " ".join(str(error).split())[:200]
+    return PeerLostError(
+        f"another process of this cluster stopped during {during} ({type(error).__name__}: {detail}); "
+        f"{then + ': ' if then else ''}restart every process with the same command to resume"
+    )
+
+
+# How long process 0 stays after an error before it leaves (see `leave`).
+COORDINATOR_LINGER_SECONDS = 3.0
+
+
+def leave(status: int) -> None:
+    """Ends this process of a cluster after its output, without JAX's shutdown barrier: that
+    would wait for peers that are gone or stuck in a collective with this process (up to
+    its 300 s timeout), then abort with a C++ stack. Process 0 runs the coordination service,
+    whose end makes JAX abort every other process at once (with a C++ stack, which no Python
+    handler can replace): it lingers a few seconds, so that peers ending on the same error
+    print their own line and leave first."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    logging.shutdown()
+    if jax.process_index() == 0:
+        time.sleep(COORDINATOR_LINGER_SECONDS)
+    os._exit(status)
+
+
+def check_same_everywhere(text: str) -> None:
+    """Raises ClusterError on every process unless every process passed the same `text`
+    (its flags and whole gin config): processes started with other settings than their
+    peers would train a model none of them asked for, or wait forever in mismatched
+    collectives."""
+    if not in_cluster():
+        return
+    from jax.experimental import multihost_utils
+
+    digest = np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8)
+    digests = np.asarray(multihost_utils.process_allgather(digest))
+    others = [i for i in range(len(digests)) if not np.array_equal(digests[i], digests[0])]
+    if others:
+        raise ClusterError(
+            f"process{'es' if len(others) > 1 else ''} {', '.join(map(str, others))} of {len(digests)} "
+            f"{'were' if len(others) > 1 else 'was'} started with other flags or gin config (files, "
+            "bindings, data directory, workdir) than process 0: start every process with the same "
+            "command and files"
+        )
+
+
+class PeerWatch:
+    """Ends this process with one line when another process of the cluster stops showing
+    signs of life for `timeout` seconds.
+
+    A process killed in the middle of a step leaves the others blocked in a collective that
+    does not notice (XLA's CPU collectives, NCCL); JAX's coordination service ends them only
+    after its heartbeat timeout (100 s), with a C++ abort and its stack. Here every process
+    writes a counter to the coordination service's key-value store every second (a daemon
+    thread, so a long step or compilation does not silence it) and reads the others'; one
+    that has not moved for `timeout` seconds, measured on this process's clock, is gone.
+    A process that ends normally writes "done" (atexit, before JAX's own shutdown), so the
+    others never take it for dead. When process 0 itself dies, the coordination service
+    dies with it and JAX aborts the others at once, before this watch can speak.
+    """
+
+    PREFIX = "peer_watch/"
+
+    def __init__(self, timeout: float, interval: float = 1.0):
+        import orbax.checkpoint as ocp
+
+        self.timeout, self.interval = timeout, interval
+        self.client = ocp.multihost.get_jax_distributed_client()
+        self.me, self.count = jax.process_index(), jax.process_count()
+
+    def start(self) -> None:
+        atexit.register(self._done)
+        threading.Thread(target=self._watch, name="peer_watch", daemon=True).start()
+
+    def _done(self) -> None:
+        try:
+            self.client.key_value_set(f"{self.PREFIX}{self.me}", "done", allow_overwrite=True)
+        except Exception:  # pylint: disable=broad-except  (the coordinator has ended first)
+            pass
+
+    def _watch(self) -> None:
+        seen: dict[int, tuple[str, float]] = {}
+        beat = 0
+        while True:
+            beat += 1
+            try:
+                self.client.key_value_set(f"{self.PREFIX}{self.me}", str(beat), allow_overwrite=True)
+                values = dict(self.client.key_value_dir_get(self.PREFIX))
+            except Exception:  # pylint: disable=broad-except  (the coordinator is gone: JAX ends us)
+                return
+            now = time.monotonic()
+            for peer in range(self.count):
+                value = values.get(f"{self.PREFIX}{peer}", "")
+                if peer == self.me or value == "done":
+                    continue
+                if seen.get(peer, (None,))[0] != value:
+                    seen[peer] = (value, now)
+                elif now - seen[peer][1] > self.timeout:
+                    print(
+                        f"error: process {peer} of {self.count} has shown no sign of life for "
+                        f"{self.timeout:g} s (killed, or its host is gone): restart every process with "
+                        "the same command to resume",
+                        file=sys.stderr,
+                    )
+                    leave(2)
+            time.sleep(self.interval)

@@ -71,12 +71,59 @@ def process_env(process_id: int, processes: int, devices: int, port: int, base: 
         {
             "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]),
             "JAX_PLATFORMS": "cpu",
+            "PYTHONUNBUFFERED": "1",  # the logs are complete up to a kill
             ADDRESS_ENV: f"127.0.0.1:{port}",
             COUNT_ENV: str(processes),
             ID_ENV: str(process_id),
         }
     )
     return env
+
+
+class Pod:
+    """Processes started as one cluster, one command each (`python -m command...`); see the
+    module docstring. Send a process a signal with `send_signal`, read its output so far
+    with `output`, and end with `wait`."""
+
+    def __init__(self, commands: Sequence[Sequence[str]], devices_per_process: int, log_dir: str, echo=None):
+        os.makedirs(log_dir, exist_ok=True)
+        port = free_port()
+        self.log_paths = [os.path.join(log_dir, f"process_{i}.log") for i in range(len(commands))]
+        self._running = []
+        for i, command in enumerate(commands):
+            log = open(self.log_paths[i], "w")
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *command],
+                cwd=ROOT,
+                env=process_env(i, len(commands), devices_per_process, port),
+                stdout=subprocess.PIPE if (i == 0 and echo) else log,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            self._running.append((popen, log))
+        if echo:
+            threading.Thread(
+                target=_tee, args=(self._running[0][0].stdout, self._running[0][1], echo), daemon=True
+            ).start()
+
+    def send_signal(self, process_id: int, signum: int) -> None:
+        self._running[process_id][0].send_signal(signum)
+
+    def running(self, process_id: int) -> bool:
+        return self._running[process_id][0].poll() is None
+
+    def output(self, process_id: int) -> str:
+        """What the process has printed so far."""
+        with open(self.log_paths[process_id], errors="replace") as f:
+            return f.read()
+
+    def wait(self, timeout: float = 600.0, grace: float = 60.0) -> list[ProcessResult]:
+        """Each process's result once every process has ended or been killed."""
+        codes = _wait(self._running, timeout, grace)
+        for popen, log in self._running:
+            popen.wait()
+            log.close()
+        return [ProcessResult(i, code, path) for i, (code, path) in enumerate(zip(codes, self.log_paths))]
 
 
 def run_pod(
@@ -92,28 +139,7 @@ def run_pod(
     """Runs `python -m command...` as `processes` processes of one cluster; returns each
     process's result once every process has ended or been killed (see the module
     docstring). `echo(line)` receives process 0's output as it comes."""
-    os.makedirs(log_dir, exist_ok=True)
-    port = free_port()
-    logs = [os.path.join(log_dir, f"process_{i}.log") for i in range(processes)]
-    running = []
-    for i in range(processes):
-        log = open(logs[i], "w")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", *command],
-            cwd=ROOT,
-            env=process_env(i, processes, devices_per_process, port),
-            stdout=subprocess.PIPE if (i == 0 and echo) else log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        running.append((popen, log))
-    if echo:
-        threading.Thread(target=_tee, args=(running[0][0].stdout, running[0][1], echo), daemon=True).start()
-    codes = _wait(running, timeout, grace)
-    for popen, log in running:
-        popen.wait()
-        log.close()
-    return [ProcessResult(i, codes[i], logs[i]) for i in range(processes)]
+    return Pod([command] * processes, devices_per_process, log_dir, echo).wait(timeout, grace)
 
 
 def _tee(stream, log, echo) -> None:

@@ -285,6 +285,7 @@ def _run(args) -> None:
     cli.setup_logging(jax.process_index() == 0)
     logging.getLogger("finetune").setLevel(logging.INFO)
     cli.parse_gin(cli.gin_files(args), args.gin_bindings)
+    cli.check_same_command(args)
     summary = run_glue(
         args.init_from,
         args.tasks,

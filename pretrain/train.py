@@ -78,6 +78,7 @@ def _run(args) -> None:
     overridden = vocab_size_from_shards(args.gin_bindings)
     if overridden:
         logging.getLogger("pretrain").info(overridden)
+    cli.check_same_command(args)
     summary = trainer.run(args.workdir, mesh_spec=args.mesh)
     if summary.get("stopped_by"):  # preempted: the checkpoint is written, exit 0 so schedulers restart us
         print(f"stopped by {summary['stopped_by']} at step {summary['step']}: run the same command to resume")

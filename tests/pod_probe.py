@@ -5,7 +5,8 @@ tools do and checks one collective across the processes.
 
 Prints `process I of N: D local / G global devices, sum S` where S is the sum over a
 global array whose rows each process filled with its own id + 1 (so it is right only if
-every process's rows took part). `--fail_process=K` makes process K exit with status 3
+every process's rows took part), and with `--data_dir=D` `process I reads F1,F2...`: the
+training shards the input pipeline gives this host. `--fail_process=K` makes process K exit with status 3
 before joining: the others then wait for it (the hang the pod must name).
 `--train_mesh=SPEC` instead trains the mesh tests' tiny MaskedLM for 3 steps on fixed
 global batches (tests/mesh_training.py), each process feeding its own rows of each, and
@@ -25,6 +26,9 @@ def build_parser():
     parser = cli.parser(__doc__, "tests.pod_probe")
     cli.add_mesh_flags(parser)
     parser.add_argument("--fail_process", type=int, default=None, help="this process exits with status 3")
+    parser.add_argument(
+        "--data_dir", default=None, help="also print the training shard files this process reads"
+    )
     parser.add_argument(
         "--train_mesh",
         action="append",
@@ -57,6 +61,11 @@ def _run(args: argparse.Namespace) -> int:
         f"{jax.device_count()} global devices, sum {total:g}",
         flush=True,
     )
+    if args.data_dir:
+        from data.pipeline import host_files
+
+        files, _ = host_files(args.data_dir, "train", jax.process_index(), jax.process_count())
+        print(f"process {jax.process_index()} reads {','.join(files)}", flush=True)
     return 0
 
 

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import pytest
 
+from core import local_pod
 from data import tokenizers
 from finetune import glue, submission
 from finetune.tasks import TASKS, parse_tasks, read_glue_dir
@@ -138,3 +139,35 @@ def test_not_a_pretrained_workdir(setup, _run, tmp_path):
         f"--init_from={tmp_path}", "--tasks=rte", f"--glue_dir={glue_dir}", f"--workdir={tmp_path}/o"
     )
     assert result.returncode == 2 and "error: no model_config.json" in result.stderr
+
+
+@pytest.mark.slow(100)
+def test_two_processes_fine_tune_as_one_process(setup, _run, tmp_path):
+    """finetune.glue as a local pod of 2 processes x 4 devices (core/local_pod.py) against one
+    process with the same 8-device mesh: every host builds the same global batches and feeds
+    its rows, so the dev metrics and the test predictions are identical; process 0 alone
+    writes the results and the leaderboard files, complete."""
+    root, glue_dir = setup
+    args = [
+        f"--init_from={root / 'pretrained'}",
+        "--tasks=rte,stsb",
+        f"--glue_dir={glue_dir}",
+        "--mesh=data:4,fsdp:2",
+        *FAST,
+    ]
+    one = _run(*args, f"--workdir={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr[-3000:]
+    pod = local_pod.run_pod(
+        ["finetune.glue", *args, f"--workdir={tmp_path / 'pod'}"], 2, 4, str(tmp_path / "logs"), timeout=300
+    )
+    assert [r.returncode for r in pod] == [0, 0], [r.output()[-3000:] for r in pod]
+    assert all("done: GLUE score" in r.output() for r in pod)
+    expected, got = (json.loads((tmp_path / w / "results.json").read_text()) for w in ("one", "pod"))
+    for task in ("rte", "stsb"):
+        assert got["tasks"][task]["metrics"] == expected["tasks"][task]["metrics"]
+        assert got["tasks"][task]["test_examples"] == expected["tasks"][task]["test_examples"]
+    for name in ("RTE.tsv", "STS-B.tsv"):
+        assert (tmp_path / "pod" / name).read_text() == (tmp_path / "one" / name).read_text()
+    assert sorted(p.name for p in (tmp_path / "pod").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one").iterdir()
+    )

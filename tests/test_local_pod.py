@@ -4,14 +4,17 @@ collective across processes, a process that fails while the other waits, and pre
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
 
 from core import cluster, local_pod
-from data import synthetic
+from data import shards, synthetic
 from pretrain import train
 from tests import cli_run
 
@@ -65,13 +68,56 @@ def test_initialize_gets_the_settings_from_flags_or_environment(monkeypatch):
         cluster.initialize_distributed("maybe")
 
 
+def test_in_a_cluster_a_lost_peer_is_one_line_and_every_error_leaves_at_once(monkeypatch, capsys):
+    """What cli.entry does in a cluster (faked here; the pod test below kills a real process):
+    the error a collective raises when a peer's connection closes becomes one line, any
+    other exception keeps its traceback, and both leave without JAX's shutdown barrier."""
+    from core import cli
+
+    left = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(cluster, "leave", left.append)
+
+    def tool(error):
+        def run(args):
+            raise error
+
+        return cli.entry(lambda: cli.parser("A tool.", "tests.tool"), run)
+
+    lost = RuntimeError(
+        "UNKNOWN: Gloo AllGather failed: [pair.cc:547] Connection closed by peer [127.0.0.1]:1"
+    )
+    assert tool(lost)([]) == 2 and left == [2]
+    assert capsys.readouterr().err.splitlines() == [
+        "error: another process of this cluster stopped during a collective (RuntimeError: UNKNOWN: Gloo "
+        "AllGather failed: [pair.cc:547] Connection closed by peer [127.0.0.1]:1); restart every process "
+        "with the same command to resume"
+    ]
+    assert tool(ZeroDivisionError("a bug"))([]) == 1 and left == [2, 1]
+    assert "Traceback" in capsys.readouterr().err
+    assert tool(cluster.ClusterError("bad"))([]) == 2 and left == [2, 1, 2]
+    monkeypatch.setattr(jax, "process_count", lambda: 1)  # one process: a bug is a plain traceback
+    with pytest.raises(ZeroDivisionError):
+        tool(ZeroDivisionError("a bug"))([])
+    assert left == [2, 1, 2]
+
+
 def test_a_local_pod_forms_one_cluster(tmp_path):
     """Two processes of 2 fake devices each: one 4-device cluster; the global sum counts
-    every process's rows (2 devices x 4 x 1 + 2 devices x 4 x 2 = 24)."""
-    results = local_pod.run_pod(["tests.pod_probe"], 2, 2, str(tmp_path), timeout=240)
+    every process's rows (2 devices x 4 x 1 + 2 devices x 4 x 2 = 24); the input pipeline
+    gives the two hosts disjoint halves of the shard files."""
+    data_dir = synthetic.write_shards(str(tmp_path / "shards"), synthetic.make_documents(8, seed=1))
+    results = local_pod.run_pod(
+        ["tests.pod_probe", f"--data_dir={data_dir}"], 2, 2, str(tmp_path / "logs"), timeout=240
+    )
     assert [r.returncode for r in results] == [0, 0], [r.output()[-2000:] for r in results]
+    files = []
     for r in results:
         assert f"process {r.process_id} of 2: 2 local / 4 global devices, sum 24" in r.output()
+        files.append(re.search(rf"process {r.process_id} reads (.*)", r.output()).group(1).split(","))
+    assert len(files[0]) == len(files[1]) == 2 and not set(files[0]) & set(files[1])
+    assert sorted(files[0] + files[1]) == sorted(shards.load_manifest(data_dir).files("train"))
 
 
 def test_a_process_that_fails_leaves_no_one_waiting(tmp_path, capsys):
@@ -134,55 +180,116 @@ def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path):
     assert len(lines[1, 0]) == len(meshes) and lines[2, 0] == lines[1, 0] and lines[2, 1] == lines[1, 0]
 
 
-@pytest.mark.slow(150)
+def _when_logged(pod: local_pod.Pod, pattern: str, timeout: float = 300.0) -> None:
+    """Returns once process 0 has printed a line matching `pattern`."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, pod.output(0), re.M):
+        assert pod.running(0) and time.monotonic() < deadline, pod.output(0)[-3000:]
+        time.sleep(0.1)
+
+
+@pytest.mark.slow(240)
 def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
-    """pretrain.train as 2 processes x 4 devices, through the tool's own --distributed=auto,
-    twice: each host saves its own data position, process 0 alone writes the summary,
-    metrics and TensorBoard, the checkpoint holds both hosts' work, and the second run ends
-    on the first one's parameters (a real input pipeline reproduces itself). Resuming it
-    with one process is a one-line error that moves nothing."""
+    """pretrain.train as 2 processes x 4 devices, through the tool's own --distributed=auto.
+    Uninterrupted: each host saves its own data position, process 0 alone writes the summary,
+    metrics and TensorBoard, the checkpoint holds both hosts' work. Then the same run with
+    the faults a pod meets: SIGTERM to one host (a preemption notice) stops both at the same
+    step with a checkpoint and status 0; SIGKILL to one host ends the other within seconds
+    with one line; restarted, the run ends on the uninterrupted run's parameters. A host
+    started with another data directory, and one process resuming the 2-host run: one line
+    each, nothing written or moved."""
     monkeypatch.chdir(ROOT)
-    data_dir = synthetic.write_shards(
-        str(tmp_path / "shards"),
-        synthetic.make_documents(40, seed=1, max_len=8),
-        synthetic.make_documents(6, seed=2, max_len=8, first_id=150),
-    )
+    shards = [
+        synthetic.write_shards(
+            str(tmp_path / f"shards{i}"),
+            synthetic.make_documents(40, seed=1 + i, max_len=8),
+            synthetic.make_documents(6, seed=2, max_len=8, first_id=150),
+        )
+        for i in range(2)
+    ]
     gin_file = tmp_path / "tiny.gin"
     gin_file.write_text(
         "include 'configs/models/bert_tiny.gin'\ninclude 'configs/recipes/bert.gin'\n"
-        f"run.data_dir = '{data_dir}'\nPipelineConfig.max_seq_length = 32\n"
+        f"run.data_dir = '{shards[0]}'\nPipelineConfig.max_seq_length = 32\n"
         "PipelineConfig.max_predictions_per_seq = 5\nPipelineConfig.document_shuffle_buffer = 10\n"
-        "PipelineConfig.instance_shuffle_buffer = 10\nrun.batch_size = 8\nrun.steps = 2\n"
-        "run.log_every = 1\nrun.eval_batches = 1\nadamw.warmup_steps = 1\n"
+        "PipelineConfig.instance_shuffle_buffer = 10\nrun.batch_size = 8\nrun.steps = 10\n"
+        "run.log_every = 1\nrun.eval_batches = 1\nrun.checkpoint_every = 2\nadamw.warmup_steps = 1\n"
     )
-    hashes = []
-    for run in ("a", "b"):
-        workdir = tmp_path / run
-        command = ["pretrain.train", f"--gin_file={gin_file}", f"--workdir={workdir}"]
-        results = local_pod.run_pod(command, 2, 4, str(tmp_path / f"logs_{run}"), timeout=400)
+
+    def pod(run: str, logs: str, process_1_extra: tuple[str, ...] = ()) -> local_pod.Pod:
+        command = [
+            "pretrain.train",
+            f"--gin_file={gin_file}",
+            f"--workdir={tmp_path / run}",
+            "--peer_timeout=20",
+        ]
+        return local_pod.Pod([command, command + list(process_1_extra)], 4, str(tmp_path / "logs" / logs))
+
+    def finished(run: str, logs: str) -> dict:
+        results = pod(run, logs).wait(timeout=400)
         assert [r.returncode for r in results] == [0, 0], [r.output()[-3000:] for r in results]
-        assert "distributed: process 0 of 2, 4 of 8 devices here" in results[0].output()
-        assert "done: step 2" in results[0].output()
-        summary = json.loads((workdir / "summary.json").read_text())
-        assert summary["step"] == 2 and (workdir / "checkpoints" / "2").is_dir()
-        positions = sorted(p.name for p in (workdir / "data_iterators" / "2").iterdir())
-        assert {p.split(".")[0] for p in positions} == {"process_0", "process_1"}
-        metrics = (workdir / "metrics.jsonl").read_text().splitlines()
-        assert (
-            len(metrics) == len(set(metrics)) and len(list((workdir / "tensorboard").rglob("events*"))) == 1
-        )
-        hashes.append(summary["params_sha256"])
-    assert hashes[0] == hashes[1]
+        assert "done: step 10" in results[0].output()
+        return json.loads((tmp_path / run / "summary.json").read_text())
+
+    summary = finished("a", "a")
+    workdir = tmp_path / "a"
+    assert (
+        "distributed: process 0 of 2, 4 of 8 devices here" in (tmp_path / "logs/a/process_0.log").read_text()
+    )
+    assert summary["step"] == 10 and (workdir / "checkpoints" / "10").is_dir()
+    positions = sorted(p.name for p in (workdir / "data_iterators" / "10").iterdir())
+    assert {p.split(".")[0] for p in positions} == {"process_0", "process_1"}
+    metrics = (workdir / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == len(set(metrics)) and len(list((workdir / "tensorboard").rglob("events*"))) == 1
+
+    # SIGTERM to process 1: JAX's preemption sync makes both hosts stop at one step.
+    preempted = pod("b", "b_term")
+    _when_logged(preempted, r"step 3/10")
+    preempted.send_signal(1, signal.SIGTERM)
+    results = preempted.wait(timeout=120)
+    assert [r.returncode for r in results] == [0, 0], [r.output()[-3000:] for r in results]
+    stops = [re.findall(r"SIGTERM: stopped at step (\d+)", r.output()) for r in results]
+    assert stops[0] and stops[0] == stops[1], stops
+    assert (tmp_path / "b" / "checkpoints" / stops[0][0]).is_dir()
+
+    # SIGKILL to process 1 of the resumed run: process 0 notices (the peer watch, or a
+    # collective that fails) and ends with one line.
+    killed = pod("b", "b_kill")
+    _when_logged(killed, rf"resumed from step {stops[0][0]}")
+    _when_logged(killed, rf"step {int(stops[0][0]) + 2}/10")
+    killed.send_signal(1, signal.SIGKILL)
+    begin = time.monotonic()
+    results = killed.wait(timeout=120, grace=60)
+    assert [r.returncode for r in results] == [2, -signal.SIGKILL], results[0].output()[-3000:]
+    assert time.monotonic() - begin < 60
+    output = results[0].output()
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output[-3000:]
+    assert errors[0].startswith(
+        ("error: process 1 of 2 has shown no sign of life for 20 s", "error: another process of this cluster")
+    ) and errors[0].endswith("restart every process with the same command to resume"), errors
+    assert "Traceback" not in output and "Check failure" not in output
+    assert finished("b", "b_end")["params_sha256"] == summary["params_sha256"]
+
+    # Process 1 with another data directory: both say so before anything is written.
+    results = pod("c", "c", (f"--gin_bindings=run.data_dir = '{shards[1]}'",)).wait(timeout=120)
+    for r in results:
+        assert r.returncode == 2 and [line for line in r.output().splitlines() if "error:" in line] == [
+            "error: process 1 of 2 was started with other flags or gin config (files, bindings, data "
+            "directory, workdir) than process 0: start every process with the same command and files"
+        ], r.output()[-3000:]
+    assert not (tmp_path / "c").exists()
+
     # One process resuming the 2-host run: the positions of 2 hosts do not fit 1 (nothing moved).
-    before = sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
     result = cli_run.run(
         train.main,
-        [f"--gin_file={gin_file}", f"--workdir={tmp_path / 'a'}", "--gin_bindings=run.steps = 3"],
+        [f"--gin_file={gin_file}", f"--workdir={workdir}", "--gin_bindings=run.steps = 11"],
         capsys,
     )
     assert result.returncode == 2 and result.errors() == [
-        f"error: checkpoint step 2 in {tmp_path / 'a' / 'checkpoints'} holds the data positions of "
+        f"error: checkpoint step 10 in {workdir / 'checkpoints'} holds the data positions of "
         "2 host(s), this run has 1: resume with 2 host(s), or bind run.reset_data_iterator = True to "
         "keep the model and optimizer state and restart the data stream"
     ]
-    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == before
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
