@@ -40,7 +40,8 @@ demo-glue: $(VENV)/.installed
 # First the layers contract (pyproject.toml [tool.importlinter]: no folder imports from a floor
 # above its own, lazy imports included).
 TEST_WORKERS ?= 2
-PYTEST := $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# --durations: the 25 slowest tests at the end of every run, so CI logs show where the time goes.
+PYTEST := $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 test: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(PYTEST) -m "not smoke"

@@ -47,7 +47,7 @@ def _run(args) -> None:
     import numpy as np
 
     from core import optim, sharding
-    from data.pipeline import PipelineConfig
+    from data.pipeline_config import PipelineConfig
     from models.encoder import EncoderConfig
     from pretrain import step as step_lib
     from pretrain import trainer  # noqa: F401  (registers what model and recipe files bind)

@@ -127,17 +127,18 @@ def _run(args) -> None:
 
     from bench import report
     from core import optim, sharding
-    from data.pipeline import PipelineConfig
+    from data.pipeline_config import PipelineConfig
     from models.encoder import EncoderConfig
     from pretrain import step as step_lib
-    from pretrain import trainer  # noqa: F401  (registers what model and recipe files bind)
-    from pretrain.objectives import make_objective
+    from pretrain.objectives import make_objective  # registers the objectives, models and configs
 
     peak_flops = report.matmul_peak_flops(args.dtype)  # before the model exists: see report.py
     batch_size, seq = args.batch_size, args.seq_len
     predictions = args.num_predictions or max(1, 20 * seq // 128)
     without = set(args.without)
-    cli.parse_gin(cli.gin_files(args), args.gin_bindings)
+    # The recipes' run.* settings are the trainer's (which needs TensorFlow): the benchmark
+    # sets its own shape and steps.
+    cli.parse_gin(cli.gin_files(args), args.gin_bindings, skip_unknown=["run"])
     partitioner = sharding.Partitioner.create(args.mesh)
     sharding.check_batch_size(batch_size, partitioner.mesh, jax.process_count())
     optimizer, schedule = optim.adamw(total_steps=10_000, learning_rate=1e-4, warmup_steps=100)

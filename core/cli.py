@@ -257,10 +257,13 @@ def setup_logging(is_main_process: bool = True) -> None:
         )
 
 
-def parse_gin(files: Sequence[str], bindings: Sequence[str], *, skip_unknown: bool = False) -> None:
+def parse_gin(
+    files: Sequence[str], bindings: Sequence[str], *, skip_unknown: bool | Sequence[str] = False
+) -> None:
     """Parses gin files, then bindings; a file that cannot be read or a binding that does not
     parse or names no configurable is a GinError. The caller imports the modules whose
-    configurables the files bind first (gin only knows what has been registered)."""
+    configurables the files bind first (gin only knows what has been registered);
+    `skip_unknown` (True, or the configurables' names) leaves bindings of others unread."""
     import gin
 
     for path in files:

@@ -39,7 +39,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-MASKING_UNITS = ("token", "whole_word", "ngram", "span")
+from data.pipeline_config import MASKING_UNITS
+
 MAX_NGRAM = 3  # ALBERT's --ngram default
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,8 @@ class PairLayout:
 
     def tensors(self, a: tf.Tensor, b: tf.Tensor, *, cls_id: int, sep_id: int) -> tuple[tf.Tensor, tf.Tensor]:
         """(input ids, segment ids) of a pair as [n] int32 tensors; a, b: [None] int32."""
+        import tensorflow as tf  # here: the rest of this module is used without TensorFlow
+
         cls, sep = tf.constant([cls_id], tf.int32), tf.constant([sep_id], tf.int32)
         separators = tf.repeat(sep, self.separators)
         tokens = tf.concat([cls, a, separators, b, sep], axis=0)

@@ -36,17 +36,15 @@ objective's sbo_left, sbo_right, sbo_offset [B, P] int32 and sbo_weights [B, P] 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import math
 import os
 
-import gin
 import tensorflow as tf
 
 from core.errors import ConfigError
 from data import instances, masking, pair_layout, shards, tokenizers
+from data.pipeline_config import PipelineConfig
 from data.shards import Vocab
 
 _SALT_DOC = 11
@@ -59,124 +57,6 @@ _SALT_BLOCKS = 15
 # (data.preprocess), so this is for read throughput more than mixing; each open file
 # costs one read buffer.
 _CYCLE_LENGTH = 16
-
-
-# "static": masks drawn from the copy (epoch % dupe_factor), as the original's offline
-# copies; "dynamic": fresh masks every pass (RoBERTa); "in_step": the pipeline does not mask,
-# the objective does inside the train step (ELECTRA): rows carry `maskable` and `mask_id`
-# (data/masking.py mark_maskable) instead of the masked_lm_* keys.
-MASKING_MODES = ("static", "dynamic", "in_step")
-FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
-SENTENCE_OBJECTIVES = ("nsp", "sop", "none")
-
-# max_predictions_per_seq, when not given, is round(L * masked_lm_prob) rounded up to a
-# multiple of this: 20 for L=128 and 80 for L=512 at 15%, BERT's published values.
-# masking never predicts more than round(n * rate) <= round(L * rate) tokens (whole-word
-# and n-gram masking skip a unit that would overshoot), nor span masking more than
-# ceil((L - 2) * rate) (SpanBERT's budget over the block between [CLS] and [SEP]), so the
-# cap never binds; the margin (0..3 slots) only pads.
-_PREDICTIONS_MULTIPLE = 4
-
-
-def derived_max_predictions(max_seq_length: int, masked_lm_prob: float) -> int:
-    """max(round(L * rate), ceil((L - 2) * rate)) (Python arithmetic, as masking) rounded up
-    to a multiple of 4, >= 1."""
-    need = max(1, round(max_seq_length * masked_lm_prob), math.ceil((max_seq_length - 2) * masked_lm_prob))
-    return -(-need // _PREDICTIONS_MULTIPLE) * _PREDICTIONS_MULTIPLE
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """What instances and masks look like; the recipe part of the data (gin: PipelineConfig).
-
-    format: "segment_pair" (BERT; RoBERTa's SEGMENT-PAIR), "sentence_pair" (RoBERTa's
-    SENTENCE-PAIR: one natural sentence each side), "full_sentences" (contiguous
-    sentences filling the row, crossing documents with a separator), "doc_sentences"
-    (the same within one document, short rows packed; batches get `example_ids`).
-    sentence_objective: "nsp" (BERT), "sop" (ALBERT, pair formats only) or "none" (no
-    sentence_label in the batch). pair_format: "bert" / "roberta", or None to take it
-    from the shards' manifest (the tokenizer's identity), default "bert".
-    masking_unit: "token", "whole_word", "ngram" or "span" (data/masking.py; "span" is
-    SpanBERT's, shaped by span_geometric_p, span_max_words and sbo_max_targets, and draws its
-    random tokens from the shards' unigram counts).
-    pack_examples: DOC-SENTENCES packs short rows (True, our default: no padding compute);
-    False keeps one example per row, as SpanBERT's blocks.
-    max_predictions_per_seq: None derives it from the length and rate
-    (`derived_max_predictions`); after construction it is always an int.
-    """
-
-    max_seq_length: int = 128
-    max_predictions_per_seq: int | None = None
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    next_sentence_prob: float = 0.5  # probability of a NotNext pair (BERT: 0.5)
-    masking: str = "static"  # one of MASKING_MODES
-    dupe_factor: int = 10
-    document_shuffle_buffer: int = 1000  # documents are shuffled within blocks of this many per pass
-    instance_shuffle_buffer: int = 10000  # rows, across passes
-    seed: int = 12345
-    format: str = "segment_pair"
-    sentence_objective: str = "nsp"
-    pair_format: str | None = None
-    masking_unit: str = "token"
-    span_geometric_p: float = 0.2  # SpanBERT: P(l words) ~ p (1 - p)^(l - 1) ...
-    span_max_words: int = 10  # ... for l = 1..10, renormalised (mean 3.8 words)
-    sbo_max_targets: int = 15  # span boundary objective targets per span
-    pack_examples: bool = True
-
-    def __post_init__(self):
-        if self.masking not in MASKING_MODES:
-            raise ConfigError(f"PipelineConfig.masking must be one of {MASKING_MODES}, got {self.masking!r}")
-        if self.masking == "in_step" and self.masking_unit != "token":
-            raise ConfigError(
-                "PipelineConfig.masking = 'in_step' masks single tokens inside the train step: "
-                f"set PipelineConfig.masking_unit = 'token' (got {self.masking_unit!r})"
-            )
-        if self.max_seq_length < 8:
-            raise ConfigError(f"PipelineConfig.max_seq_length={self.max_seq_length} is too short (>= 8)")
-        if self.dupe_factor < 1:
-            raise ConfigError(f"PipelineConfig.dupe_factor must be >= 1, got {self.dupe_factor}")
-        if self.format not in FORMATS:
-            raise ConfigError(f"PipelineConfig.format must be one of {FORMATS}, got {self.format!r}")
-        if self.sentence_objective not in SENTENCE_OBJECTIVES:
-            raise ConfigError(
-                f"PipelineConfig.sentence_objective must be one of {SENTENCE_OBJECTIVES}, "
-                f"got {self.sentence_objective!r}"
-            )
-        if self.format in ("full_sentences", "doc_sentences") and self.sentence_objective != "none":
-            raise ConfigError(
-                f"PipelineConfig.format={self.format!r} has no sentence pair: set "
-                "PipelineConfig.sentence_objective = 'none'"
-            )
-        if self.pair_format not in (None, *pair_layout.NAMES):
-            raise ConfigError(
-                f"PipelineConfig.pair_format must be None or one of {pair_layout.NAMES}, "
-                f"got {self.pair_format!r}"
-            )
-        if self.masking_unit not in masking.MASKING_UNITS:
-            raise ConfigError(
-                f"PipelineConfig.masking_unit must be one of {masking.MASKING_UNITS}, "
-                f"got {self.masking_unit!r}"
-            )
-        if not 0 < self.span_geometric_p <= 1 or self.span_max_words < 1 or self.sbo_max_targets < 1:
-            raise ConfigError(
-                "PipelineConfig needs 0 < span_geometric_p <= 1, span_max_words >= 1 and sbo_max_targets "
-                f">= 1, got {self.span_geometric_p}, {self.span_max_words}, {self.sbo_max_targets}"
-            )
-        if self.max_predictions_per_seq is None:
-            derived = derived_max_predictions(self.max_seq_length, self.masked_lm_prob)
-            object.__setattr__(self, "max_predictions_per_seq", derived)
-        elif self.max_predictions_per_seq < 1:
-            raise ConfigError(
-                "PipelineConfig.max_predictions_per_seq must be >= 1 or None, "
-                f"got {self.max_predictions_per_seq}"
-            )
-
-    @property
-    def packed(self) -> bool:
-        """Rows hold several examples (DOC-SENTENCES with packing): batches carry example_ids."""
-        return self.format == "doc_sentences" and self.pack_examples
 
 
 def resolve_pair_format(config: PipelineConfig, vocab: Vocab) -> str:

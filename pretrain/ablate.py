@@ -60,7 +60,7 @@ def arm_budget(gin_files: list[str], bindings: list[str]) -> dict[str, float]:
     count of the ELECTRA paper's flops_computation.py (`paper_flops_per_step`)."""
     import gin
 
-    from data.pipeline import PipelineConfig
+    from data.pipeline_config import PipelineConfig
     from models.encoder import EncoderConfig
     from pretrain import trainer  # noqa: F401  (registers what the run files bind)
     from pretrain.objectives import make_objective

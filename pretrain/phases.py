@@ -8,7 +8,7 @@ phase 2 starts at its beginning (configs/recipes/bert_two_phase.gin).
 from __future__ import annotations
 
 from core.errors import ConfigError
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 
 

@@ -51,7 +51,7 @@ def _run(args) -> None:
     import jax
 
     from core.state import count_params
-    from data.pipeline import PipelineConfig
+    from data.pipeline_config import PipelineConfig
     from models.encoder import EncoderConfig
     from pretrain import trainer  # noqa: F401  (registers what run and recipe files bind)
     from pretrain.objectives import make_objective

@@ -74,7 +74,7 @@ def _train(mesh_spec: str) -> None:
 
     from core import sharding
     from core.state import params_sha256
-    from data.pipeline import PipelineConfig
+    from data.pipeline_config import PipelineConfig
     from pretrain.objectives import MaskedLM
     from tests import mesh_training
 

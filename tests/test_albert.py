@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec
 
 from core import axes, optim, sharding
 from core.state import count_params
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import Encoder, EncoderConfig
 from models.pretraining import BertPretrainingModel, abstract_params
 from pretrain import step, trainer  # noqa: F401  (trainer registers run for the recipe tests)

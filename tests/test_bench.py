@@ -17,7 +17,7 @@ import pytest
 from bench import input_pipeline, report
 from bench.pretrain import OPTIMISATIONS
 from core import optim
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import resize_vocab_rows
 from pretrain.objectives import MaskedLM
@@ -27,12 +27,28 @@ from tests import cli_run, jitted
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _json_line(*args):
+# `python -m MODULE ARGS` in a Python where importing TensorFlow (or TensorBoard, TFDS) fails,
+# as on an accelerator host with only JAX installed; then asserts none of them was loaded.
+_WITHOUT_TENSORFLOW = """
+import runpy, sys
+class NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorboard", "tensorflow_datasets"):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, NoTensorFlow())
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__")
+finally:
+    assert not [m for m in sys.modules if m.startswith("tensorflow")]
+"""
+
+
+def _json_line(*args, without_tensorflow=False):
     # One CPU device, as users run the benchmarks; conftest's fast compilation kept.
     env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0"}
-    result = subprocess.run(
-        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
-    )
+    python = [sys.executable, "-c", _WITHOUT_TENSORFLOW] if without_tensorflow else [sys.executable, "-m"]
+    result = subprocess.run([*python, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -55,14 +71,19 @@ def test_pretrain_benchmark_runs_electra(tmp_path):
 
 
 def test_pretrain_benchmark_prints_its_result(tmp_path):
+    """With TensorFlow's import blocked: the model, objective, step, state and optimizer, and
+    so the benchmark, need only JAX (TensorFlow is the input pipeline's). A recipe's run.*
+    settings, the trainer's, are left unread."""
     result = _json_line(
         "bench.pretrain",
         "--gin_file=configs/models/bert_tiny.gin",
+        "--gin_file=configs/recipes/bert.gin",
         "--gin_bindings=EncoderConfig.vocab_size=2048",
         "--batch_size=4",
         "--seq_len=32",
         "--steps=2",
         f"--profile_dir={tmp_path}",
+        without_tensorflow=True,
     )
     assert result["name"] == "ours" and result["batch"] == 4 and result["seq"] == 32
     assert result["predictions"] == 5  # 20 per 128 tokens

@@ -10,7 +10,7 @@ import pytest
 
 from core import optim
 from core.state import count_params
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from finetune import sweep, tasks  # registers Grid (configs/glue)
 from models.encoder import EncoderConfig
 from pretrain import trainer

@@ -782,7 +782,7 @@ def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     heads the HF model lacks (a BertModel has neither MLM nor NSP head) start from init;
     shards of another tokenizer are refused."""
     from core import optim
-    from data.pipeline import PipelineConfig
+    from data.pipeline_config import PipelineConfig
     from pretrain import trainer
 
     model = hf_parity.randomize(transformers.BertModel(hf_parity.bert_config()), seed=5)

@@ -19,7 +19,7 @@ from flax import traverse_util
 
 from core.errors import ConfigError
 from core.state import count_params
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.backbone import encoder_module
 from models.deberta import DebertaEncoder, disentangled_scores
 from models.deberta_rtd import RTDHead, fold_gdes

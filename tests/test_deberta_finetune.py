@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from data import tokenizers
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from finetune import demo_task, glue
 from finetune.tasks import TASKS, read_glue_dir
 from interop import bundle

@@ -14,7 +14,7 @@ from flax import traverse_util
 from core import flops
 from core.errors import ConfigError
 from data import pipeline, synthetic
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.electra import generator_config
 from models.encoder import EncoderConfig
 from pretrain import step

@@ -14,7 +14,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from core import axes, flops
 from core.state import count_params
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
 from models.pretraining import BertPretrainingModel, abstract_params
 from pretrain import summary, trainer  # noqa: F401  (registers adamw and run for the recipes)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import pipeline, shards, synthetic, tokenizers
+from data import pipeline, pipeline_config, shards, synthetic, tokenizers
 
 CONFIG = pipeline.PipelineConfig(
     max_seq_length=48,
@@ -238,7 +238,7 @@ def test_max_predictions_is_derived_from_length_and_rate_by_default():
     )
     for length in (8, 48, 100, 128, 333, 512):
         for rate in (0.1, 0.15, 0.2):
-            derived = pipeline.derived_max_predictions(length, rate)
+            derived = pipeline_config.derived_max_predictions(length, rate)
             assert round(length * rate) <= derived < round(length * rate) + 4
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from data import corpora, preprocess, tokenizers
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import abstract_params
 from pretrain import trainer  # noqa: F401  (registers run, adamw, lamb)

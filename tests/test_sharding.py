@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec
 
 from core import sharding
 from data import pipeline, shards, synthetic
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from pretrain.objectives import MaskedLM
 from tests import mesh_training
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 from core import optim
 from core.errors import ConfigError
 from data import masking, pipeline, preprocess, shards, tokenizers
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from pretrain.objectives import SpanBoundary
 from tests import jitted, mesh_training, tiny

@@ -9,7 +9,7 @@ import pytest
 
 from core import preemption
 from core.errors import ConfigError
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from pretrain import step
 from tests import tiny
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import gin
 
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from pretrain.objectives.base import Objective
 from pretrain.objectives.deberta import DebertaMLM, DebertaRTD

@@ -26,7 +26,7 @@ import gin
 
 from core import flops
 from core.errors import ConfigError
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.deberta import check_enhanced_mask_decoder
 from models.deberta_rtd import DebertaRTDModel, generator_config
 from models.encoder import EncoderConfig

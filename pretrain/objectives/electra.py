@@ -37,7 +37,7 @@ import optax
 
 from core import flops
 from core.errors import ConfigError
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.electra import ElectraPretrainingModel, generator_config, row_keys
 from models.encoder import EncoderConfig
 from pretrain.objectives.base import Batch, Objective

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from core import flops
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
 from pretrain.objectives.base import Batch, Objective

@@ -20,7 +20,7 @@ import numpy as np
 
 from core import flops
 from core.errors import ConfigError
-from data.pipeline import PipelineConfig
+from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from models.heads import SBO_POSITION_WIDTH
 from models.pretraining import BertPretrainingModel
