@@ -8,7 +8,7 @@ DEMO_GIN ?= configs/runs/demo_deberta.gin
 # 8 fake CPU devices so sharding tests see a mesh; harmless for the demo (it uses them all).
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: demo demo-glue test test-fast install lint clean-demo bench bench-optimisations bench-peer-venv \
+.PHONY: demo demo-glue test test-fast install lint clean-demo bench bench-optimisations bench-peer-venv bench-accelerator \
 	check-accelerator-requirements
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
@@ -75,6 +75,12 @@ bench: $(VENV)/.installed $(PEER_VENV)/.installed
 bench-optimisations: $(VENV)/.installed $(PEER_VENV)/.installed
 	$(PY) -m bench.compare --gin_file=configs/models/bert_base.gin --batch_size=8 --seq_len=128 --steps=3 \
 		--dtypes=bfloat16,float32 --optimisations --peer_python=$(PEER_VENV)/bin/python
+
+# Every family member's step at its recipe's shape in bf16, and the peer at BERT-base 128 and
+# BERT-large 512, in one call (bench/suite.py): for a GPU or TPU host; the peer's rows need
+# its venv (make bench-peer-venv), without it they say so.
+bench-accelerator: $(VENV)/.installed
+	$(PY) -m bench.suite --dtype=bfloat16 --peer_python=$(PEER_VENV)/bin/python
 
 # The accelerator requirement files resolve against the package index (network; nothing is
 # installed): what `pip install -r requirements-gpu.txt` / `-tpu.txt` would fetch.

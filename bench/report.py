@@ -7,6 +7,7 @@ too: the matmul peak, peak memory and the result line are measured identically.
 from __future__ import annotations
 
 import collections
+import functools
 import glob
 import gzip
 import json
@@ -20,13 +21,15 @@ import jax.numpy as jnp
 import numpy as np
 
 
+@functools.cache
 def matmul_peak_flops(dtype: str, repeats: int = 10) -> float:
     """This device's dense matmul FLOP/s in `dtype` (bf16 inputs accumulate in f32).
 
     A square matmul of 2048 (CPU) or 8192 (accelerators), best of `repeats`: the
     denominator of MFU. Benchmarks measure it first thing in their process, before the
     model and its data exist: measured after them, the same CPU gave less than half the
-    bf16 peak (136 vs 327 GFLOP/s), which made MFU swing with whatever ran before.
+    bf16 peak (136 vs 327 GFLOP/s), which made MFU swing with whatever ran before. So it is
+    measured once per process and dtype (bench.suite times several models in one process).
     """
     n = 2048 if jax.default_backend() == "cpu" else 8192
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
@@ -166,7 +169,9 @@ def synthetic_batch(
     segment_ids [B, L] (second half 1), masked_lm_positions/ids [B, P] int32,
     masked_lm_weights [B, P] float32 all 1, sentence_label [B] int32; for objectives that
     mask inside the step (ELECTRA): maskable [B, L] int32 (all but the first and last
-    token) and mask_id [B] int32 (BERT's [MASK], 103).
+    token) and mask_id [B] int32 (BERT's [MASK], 103); for SpanBERT's span boundary objective:
+    sbo_left, sbo_right [B, P] int32 (each masked position a one-token span between its
+    neighbours), sbo_offset [B, P] int32 (0) and sbo_weights [B, P] float32 (all 1).
     """
     rng = np.random.default_rng(seed)
     input_ids = rng.integers(min(1000, vocab // 2), vocab, (batch, seq), dtype=np.int32)
@@ -184,6 +189,10 @@ def synthetic_batch(
         "sentence_label": rng.integers(0, 2, batch, dtype=np.int32),
         "maskable": np.pad(np.ones((batch, seq - 2), np.int32), ((0, 0), (1, 1))),
         "mask_id": np.full((batch,), 103, np.int32),
+        "sbo_left": (positions - 1).astype(np.int32),
+        "sbo_right": (positions + 1).astype(np.int32),
+        "sbo_offset": np.zeros((batch, predictions), np.int32),
+        "sbo_weights": np.ones((batch, predictions), np.float32),
     }
 
 

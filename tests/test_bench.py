@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from bench import input_pipeline, report
+from bench import input_pipeline, report, suite
 from bench.pretrain import OPTIMISATIONS
 from core import optim
 from data.pipeline_config import PipelineConfig
@@ -326,3 +326,61 @@ def test_packed_rows_give_each_example_its_unpacked_mlm_loss():
         )
         loss_alone = mlm_loss_and_metrics(logits, alone["masked_lm_ids"], alone["masked_lm_weights"])
         np.testing.assert_allclose(loss_packed["mlm_loss_sum"], loss_alone["mlm_loss_sum"], rtol=1e-5)
+
+
+def _suite(*args):
+    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0"}  # one CPU device
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.suite", "--tiny", "--dtype=float32", "--steps=1", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow(90)
+def test_suite_measures_every_member_in_one_process():
+    """`bench.suite --tiny`: every member's step (each recipe's objective and attention path)
+    in one child process, a JSON line and a table row each; the peer's rows say why they
+    are missing."""
+    out, final = _suite("--peer_python=/nonexistent/python")
+    assert [line["member"] for line in final["ours"]] == [m.name for m in suite.MEMBERS]
+    assert final["child_processes"] == 1
+    objectives = {line["member"]: line["result"]["objective"] for line in final["ours"]}
+    assert objectives == {
+        "bert_base_128": "MaskedLM",
+        "bert_large_512": "MaskedLM",
+        "roberta_large_512": "MaskedLM",
+        "albert_xxlarge_512": "MaskedLM",
+        "electra_base_512": "ElectraRTD",
+        "spanbert_large_512": "SpanBoundary",
+        "deberta_v3_base_512": "DebertaRTD",
+    }
+    for line in final["ours"]:
+        result = line["result"]
+        assert (result["batch"], result["seq"], result["config"]["num_layers"]) == (2, 32, 1)
+        assert result["tokens_per_second"] > 0 and line["wall_seconds"] > result["compile_seconds"]
+    assert [p["member"] for p in final["peer"]] == ["bert_base_128", "bert_large_512"]
+    assert all(p["note"].startswith("no peer virtualenv at /nonexistent/python") for p in final["peer"])
+    assert "| bert_large_512 | 2 x 32 | explicit, dropout 0.1 |" in out
+    assert "| deberta_v3_base_512 | 2 x 32 | disentangled (explicit) |" in out
+
+
+def test_suite_kills_a_member_over_its_time_limit_and_goes_on():
+    _, final = _suite("--only=bert_base_128,electra_base_512", "--timeout=0.5")
+    assert final["ours"] == [
+        {"member": "bert_base_128", "error": "no result within 0.5 s: killed"},
+        {"member": "electra_base_512", "error": "no result within 0.5 s: killed"},
+    ]
+    assert final["child_processes"] == 2 and final["peer"] == []
+
+
+def test_suite_names_its_members_on_a_typo(capsys):
+    result = cli_run.run(suite.main, ["--only=bert_base"], capsys)
+    assert result.returncode == 2 and result.errors() == [
+        "error: --only: no member bert_base; the suite has " + ", ".join(m.name for m in suite.MEMBERS)
+    ]
