@@ -34,6 +34,7 @@ import shutil
 import sys
 import threading
 import types
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -240,6 +241,13 @@ class _SaveReports(logging.Filter):
         with self._lock:
             self._in_flight, self._failed = False, failed
         if failed:
+            # The failed save's write coroutines are never awaited, and Python warns about
+            # each when it collects them, maybe only at exit ("coroutine
+            # 'async_serialize_from_host.<locals>.write_fragment' was never awaited", seen on
+            # a loaded machine): the same failure, which the caller reports once.
+            warnings.filterwarnings(
+                "ignore", message=r"coroutine '[^']*serializ[^']*' was never awaited", category=RuntimeWarning
+            )
             self._to_debug()
         else:
             self._release()

@@ -162,9 +162,10 @@ def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
 @pytest.mark.slow(120)
 def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path):
     """The same global batches (each process feeding its rows) give bit-identical parameters
-    and losses on 2 processes x 4 devices and on 1 process x 8, with the batch split over
-    both processes (data:8), parameters split across them (fsdp:8: the hash gathers them),
-    and every axis at once."""
+    and losses on 2 processes x 4 devices and on a 1-process cluster x 8 devices (a plain
+    process, with XLA's in-process collectives, differs in the last bits), with the batch
+    split over both processes (data:8), parameters split across them (fsdp:8: the hash
+    gathers them), and every axis at once."""
     meshes = ["data:8", "fsdp:8", "data:2,fsdp:2,tensor:2"]
     command = ["tests.pod_probe", *(f"--train_mesh={m}" for m in meshes)]
     lines = {}

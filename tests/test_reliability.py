@@ -5,6 +5,7 @@ tests/fault_injection.py (run by tests/test_fault_injection.py)."""
 import asyncio
 import collections
 import dataclasses
+import gc
 import logging
 import os
 import re
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import types
+import warnings
 
 import jax
 import numpy as np
@@ -295,3 +297,29 @@ def test_multi_host_stop_waits_for_the_agreed_step(monkeypatch):
         assert signal.getsignal(signal.SIGTERM) is before
         assert [watcher.should_stop(s) for s in range(5, 9)] == [False, False, True, False]
     assert agreed == [5, 6, 7, 8]
+
+
+def test_a_failed_save_silences_only_its_own_unawaited_writes():
+    """After a failed save, Python's "coroutine ... was never awaited" about orbax's pending
+    writes (seen at exit on a loaded machine, after the one error line) stays quiet; the
+    same warning about any other coroutine still shows."""
+
+    async def async_serialize_from_host():
+        async def write_fragment():
+            pass
+
+        return write_fragment()
+
+    async def other():
+        pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reports = checkpointing._SaveReports()
+        reports.begin()
+        reports.end(failed=True)
+        pending = asyncio.run(async_serialize_from_host())
+        unrelated = other()
+        del pending, unrelated
+        gc.collect()
+    assert [str(w.message) for w in caught] == [f"coroutine '{other.__qualname__}' was never awaited"]
