@@ -70,6 +70,22 @@ def _last_json(command: list[str]) -> dict:
     return json.loads(line)
 
 
+def peer_command(peer_python: str, ours: dict, steps: int) -> list[str]:
+    """bench.peer_hf's command line for the peer at the batch, length, masked positions,
+    dtype and model config of our result line `ours`: both sides train the same thing."""
+    return [
+        peer_python,
+        "-m",
+        "bench.peer_hf",
+        f"--model={json.dumps(ours['config'])}",
+        f"--batch_size={ours['batch']}",
+        f"--seq_len={ours['seq']}",
+        f"--num_predictions={ours['predictions']}",
+        f"--dtype={ours['dtype']}",
+        f"--steps={steps}",
+    ]
+
+
 def _run(args) -> None:
     if not os.path.exists(os.path.join(ROOT, args.peer_python)):
         raise BenchError(f"no peer virtualenv at {args.peer_python}: run `make bench-peer-venv` first")
@@ -86,17 +102,7 @@ def _run(args) -> None:
     rows = []
     for dtype in args.dtypes.split(","):
         ours = _last_json([*ours_command, f"--dtype={dtype}"])
-        peer = _last_json(
-            [
-                args.peer_python,
-                "-m",
-                "bench.peer_hf",
-                f"--model={json.dumps(ours['config'])}",
-                *shape,
-                f"--num_predictions={ours['predictions']}",
-                f"--dtype={dtype}",
-            ]
-        )
+        peer = _last_json(peer_command(args.peer_python, ours, args.steps))
         rows.append((dtype, ours, peer))
     pipeline = _last_json(
         [

@@ -37,6 +37,7 @@ import time
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
+from bench.compare import peer_command
 from core import cli
 from core.errors import UserError
 
@@ -234,19 +235,14 @@ def _peer(member: Member, ours: dict, args) -> dict:
     python = os.path.join(ROOT, args.peer_python)
     if not os.path.exists(python):
         return {"note": f"no peer virtualenv at {args.peer_python}: make bench-peer-venv"}
-    command = [
-        python,
-        "-m",
-        "bench.peer_hf",
-        f"--model={json.dumps(ours['config'])}",
-        f"--batch_size={ours['batch']}",
-        f"--seq_len={ours['seq']}",
-        f"--num_predictions={ours['predictions']}",
-        f"--dtype={args.dtype}",
-        f"--steps={args.steps}",
-    ]
     try:
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+        result = subprocess.run(
+            peer_command(python, ours, args.steps),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"no result within {args.timeout:g} s: killed"}
     if result.returncode != 0:

@@ -44,7 +44,7 @@ import tensorflow as tf
 from jax.experimental import multihost_utils
 
 from core import cluster
-from core.errors import UserError
+from core.errors import UserError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,6 @@ class CheckpointError(UserError):
 
 class IteratorMismatchError(CheckpointError):
     """An intact checkpoint whose data-iterator state another input pipeline wrote."""
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as `Type: message` on one line, cut at 300 characters (orbax's and
-    tensorstore's messages can run to pages)."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:300]}"
 
 
 def _absolute(path: str) -> str:

@@ -201,7 +201,6 @@ def entry(
 
     def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(gin_dot_flags(sys.argv[1:] if argv is None else argv))
-        cluster = None
         try:
             status = run(args)
         except UserError as e:
@@ -219,9 +218,8 @@ def entry(
             else:
                 traceback.print_exc()
                 status = 1
-        cluster = cluster or (_cluster() if status else None)
-        if status and cluster is not None:
-            cluster.leave(status)  # not through JAX's shutdown barrier, which would wait for the others
+        if status and _cluster() is not None:
+            _cluster().leave(status)  # not through JAX's shutdown barrier, which would wait for the others
         return 0 if status is None else status
 
     return main

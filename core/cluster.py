@@ -36,7 +36,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from core.errors import UserError
+from core.errors import UserError, one_line
 
 ADDRESS_ENV, COUNT_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 # Environments in which jax.distributed.initialize() finds the count and id itself.
@@ -186,9 +186,8 @@ def peer_lost(error: BaseException) -> bool:
 
 def lost_peer_error(during: str, error: BaseException, then: str = "") -> PeerLostError:
     """The one-line error for a peer lost `during` something; `then` says what is kept."""
-    detail = " ".join(str(error).split())[:200]
     return PeerLostError(
-        f"another process of this cluster stopped during {during} ({type(error).__name__}: {detail}); "
+        f"another process of this cluster stopped during {during} ({one_line(error)}); "
         f"{then + ': ' if then else ''}restart every process with the same command to resume"
     )
 

@@ -20,3 +20,10 @@ class ConfigError(UserError, ValueError):
     error from a configurable's constructor as a subclass of the same type with the binding's
     location appended, so it is still recognised as a ConfigError.
     """
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as `Type: message` on one line, cut at 300 characters (orbax's,
+    tensorstore's and the collectives' messages can run to pages)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}"

@@ -23,8 +23,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow as tf
 
-from core.checkpointing import one_line, orbax_reports_held, saved_tree
-from core.errors import UserError
+from core.checkpointing import orbax_reports_held, saved_tree
+from core.errors import UserError, one_line
 
 MODEL_CONFIG = "model_config.json"
 TOKENIZER_DIR = "tokenizer"
