@@ -58,11 +58,20 @@ class Member:
     batch: int
     seq: int
     peer: bool = False  # also time HF Flax BERT at this shape
+    bindings: tuple[str, ...] = ()  # gin bindings after the files (an ablation arm)
 
 
 MEMBERS = (
     Member("bert_base_128", ("configs/models/bert_base.gin", "configs/recipes/bert.gin"), 256, 128, True),
     Member("bert_large_512", ("configs/models/bert_large.gin", "configs/recipes/bert.gin"), 32, 512, True),
+    # What BERT's attention dropout costs: without it 'auto' takes the platform's fused kernel.
+    Member(
+        "bert_large_512_no_attention_dropout",
+        ("configs/models/bert_large.gin", "configs/recipes/bert.gin"),
+        32,
+        512,
+        bindings=("EncoderConfig.attention_dropout_rate = 0.0",),
+    ),
     Member(
         "roberta_large_512",
         ("configs/models/roberta_large.gin", "configs/recipes/roberta_large.gin"),
@@ -138,7 +147,7 @@ def _bench_argv(member: Member, args) -> list[str]:
     """bench.pretrain's command line for one member."""
     batch, seq = (TINY_BATCH, TINY_SEQ) if args.tiny else (member.batch, member.seq)
     argv = [f"--gin_file={g}" for g in member.gin_files]
-    argv += [f"--gin_bindings={b}" for b in (TINY_BINDINGS if args.tiny else ())]
+    argv += [f"--gin_bindings={b}" for b in member.bindings + (TINY_BINDINGS if args.tiny else ())]
     return argv + [
         f"--batch_size={batch}",
         f"--seq_len={seq}",
@@ -202,6 +211,7 @@ def _ours(members: list[Member], args) -> tuple[dict[str, dict], int]:
             except queue.Empty:
                 child.kill()
                 lines[name] = {"member": name, "error": f"no result within {args.timeout:g} s: killed"}
+                print(json.dumps(lines[name]), flush=True)
                 pending.pop(0)
                 break
             if text is None:  # the child died (out of memory, a crash in XLA ...)
@@ -211,6 +221,7 @@ def _ours(members: list[Member], args) -> tuple[dict[str, dict], int]:
                     "member": name,
                     "error": f"the process died (status {child.returncode}): {tail[-1] if tail else ''}",
                 }
+                print(json.dumps(lines[name]), flush=True)
                 pending.pop(0)
                 break
             if not text.startswith("{"):
@@ -259,13 +270,10 @@ def overhead_seconds(line: dict, steps: int) -> float:
     return round(line["wall_seconds"] - result["compile_seconds"] - stepping, 2)
 
 
-def attention_path(config: dict) -> str:
-    """The attention the step runs for this EncoderConfig (as a dict), as models/ picks it."""
-    if config.get("disentangled"):
-        return "disentangled (explicit)"
-    if config["attention_dropout_rate"] > 0:
-        return f"explicit, dropout {config['attention_dropout_rate']:g}"
-    return f"dot_product_attention ({config['attention_implementation'] or 'XLA picks'})"
+def attention_path(result: dict) -> str:
+    """The attention path the member's train step took (bench.pretrain's `attention`)."""
+    rate = result["config"]["attention_dropout_rate"]
+    return f"{result['attention']}, dropout {rate:g}" if rate else result["attention"]
 
 
 def _table(members: list[Member], ours: dict, peers: dict, args) -> str:
@@ -280,7 +288,6 @@ def _table(members: list[Member], ours: dict, peers: dict, args) -> str:
             rows.append(f"| {member.name} | | | {line['error']} | | | | | |")
             continue
         r = line["result"]
-        config = r["config"]
         peer = peers.get(member.name, {})
         peer_rate = (
             f"{peer['tokens_per_second']:.0f}"
@@ -293,7 +300,7 @@ def _table(members: list[Member], ours: dict, peers: dict, args) -> str:
             else ""
         )
         rows.append(
-            f"| {member.name} | {r['batch']} x {r['seq']} | {attention_path(config)} "
+            f"| {member.name} | {r['batch']} x {r['seq']} | {attention_path(r)} "
             f"| {r['tokens_per_second']:.0f} | {r['mfu']:.1%} | "
             f"{r['compile_seconds']:.1f} | {overhead_seconds(line, args.steps):.1f} | {peer_rate} | {ratio} |"
         )

@@ -21,6 +21,10 @@ instead, and nothing is moved: that is a config problem, not a damaged file.
 A save that fails (a full disk, often in orbax's background writes, surfacing at the next
 save or at the end) is one CheckpointError naming that step and the last complete one;
 orbax's own tracebacks of the failure go to the DEBUG log (`_SaveReports`).
+
+Files are read and written through etils.epath (local paths and gs://, as orbax does), and
+TensorFlow is imported only to save or restore a tf.data iterator: a step without an input
+pipeline (iterator None) checkpoints with no TensorFlow installed.
 """
 
 from __future__ import annotations
@@ -35,16 +39,19 @@ import sys
 import threading
 import types
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import tensorflow as tf
+from etils import epath
 from jax.experimental import multihost_utils
 
 from core import cluster
 from core.errors import UserError, one_line
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +75,10 @@ def check_writable(workdir: str) -> None:
     # One probe per host: on a pod every host probes the same workdir at the same moment.
     probe = os.path.join(workdir, f".write_probe_{jax.process_index()}")
     try:
-        tf.io.gfile.makedirs(workdir)
-        with tf.io.gfile.GFile(probe, "w") as f:
-            f.write("ok")
-        tf.io.gfile.remove(probe)
-    except (tf.errors.OpError, OSError) as e:
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+        epath.Path(probe).write_text("ok")
+        epath.Path(probe).unlink()
+    except Exception as e:  # pylint: disable=broad-except  (OSError; on gs:// the backend's own errors)
         raise CheckpointError(
             f"workdir '{workdir}' is not writable ({one_line(e)}): "
             "choose another --workdir or fix its permissions"
@@ -326,12 +332,16 @@ class Checkpointer:
     def _iterator_prefix(self, step: int) -> str:
         return os.path.join(self._iterators_dir, str(step), f"process_{jax.process_index()}")
 
-    def save(self, step: int, state: Any, iterator: tf.data.Iterator) -> None:
-        """Starts saving `step` (orbax finishes in the background); a failure of this save, or
-        of the previous one, is a CheckpointError naming that step."""
+    def save(self, step: int, state: Any, iterator: tf.data.Iterator | None) -> None:
+        """Starts saving `step` (orbax finishes in the background), with the data position of
+        `iterator` unless it is None; a failure of this save, or of the previous one, is a
+        CheckpointError naming that step."""
         self.wait()  # surfaces a failure of the previous async save
         try:
-            tf.train.Checkpoint(iterator=iterator).write(self._iterator_prefix(step))
+            if iterator is not None:
+                import tensorflow as tf  # the input pipeline's: a step without one needs none
+
+                tf.train.Checkpoint(iterator=iterator).write(self._iterator_prefix(step))
             _save_reports.begin()
             self._in_flight = step
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
@@ -357,16 +367,15 @@ class Checkpointer:
     def _complete_steps(self) -> list[int]:
         """The steps whose checkpoint is complete on disk, ascending. Read from the directory,
         not from the manager, which counts a save that is still in flight (or has failed)."""
-        if not tf.io.gfile.isdir(self.directory):
+        directory = epath.Path(self.directory)
+        if not directory.is_dir():
             return []
         steps = []
-        for name in tf.io.gfile.listdir(self.directory):
-            name = name.rstrip("/")
+        for name in (child.name for child in directory.iterdir()):
             # orbax writes <step>.orbax-checkpoint-tmp-* and renames it when complete; on
             # object stores (no rename) commit_success.txt marks completion.
             if name.isdigit() and (
-                not self.directory.startswith("gs://")
-                or tf.io.gfile.exists(os.path.join(self.directory, name, "commit_success.txt"))
+                not self.directory.startswith("gs://") or (directory / name / "commit_success.txt").exists()
             ):
                 steps.append(int(name))
         return sorted(steps)
@@ -390,7 +399,7 @@ class Checkpointer:
     def restore_latest(
         self,
         abstract_state: Any,
-        iterator_for: Callable[[int], tf.data.Iterator],
+        iterator_for: Callable[[int], tf.data.Iterator | None],
         *,
         reset_iterator: bool = False,
     ) -> tuple[Any, int | None]:
@@ -440,7 +449,7 @@ class Checkpointer:
         """IteratorMismatchError when the step's data positions were saved by another number
         of hosts: each host saved its own, and this run's hosts would read other rows (not
         damage: nothing is moved). No position at all is left to `restore` (damage)."""
-        saved = len(tf.io.gfile.glob(os.path.join(self._iterators_dir, str(step), "process_*.index")))
+        saved = len(list((epath.Path(self._iterators_dir) / str(step)).glob("process_*.index")))
         if saved and saved != jax.process_count():
             raise IteratorMismatchError(
                 f"checkpoint step {step} in {self.directory} holds the data positions of {saved} "
@@ -449,10 +458,18 @@ class Checkpointer:
                 "the data stream"
             )
 
-    def restore(self, step: int, abstract_state: Any, iterator: tf.data.Iterator) -> Any:
-        """Restores step `step` into the shardings of `abstract_state`, and the iterator in place."""
+    def restore(self, step: int, abstract_state: Any, iterator: tf.data.Iterator | None) -> Any:
+        """Restores step `step` into the shardings of `abstract_state`, and the iterator (unless
+        None) in place."""
+        if iterator is not None:
+            self._restore_iterator(step, iterator)
+        return self._restore_state(step, abstract_state)
+
+    def _restore_iterator(self, step: int, iterator: tf.data.Iterator) -> None:
+        import tensorflow as tf  # the input pipeline's
+
         prefix = self._iterator_prefix(step)
-        if not tf.io.gfile.glob(prefix + ".index"):
+        if not epath.Path(prefix + ".index").exists():
             raise FileNotFoundError(f"no data iterator state {prefix}.index")
         try:  # before the state: the cheap read, and a mismatch then costs no state restore
             tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
@@ -467,7 +484,6 @@ class Checkpointer:
                 "run.reset_data_iterator = True to keep the model and optimizer state and restart "
                 "the data stream"
             ) from None
-        return self._restore_state(step, abstract_state)
 
     def _restore_state(self, step: int, abstract_state: Any) -> Any:
         restored = self.manager.restore(
@@ -509,15 +525,15 @@ class Checkpointer:
         """Moves a damaged step (and its iterator state) to bad_checkpoints/; returns where."""
         target = os.path.join(_absolute(self.workdir), BAD_CHECKPOINTS, str(step))
         n = 0
-        while tf.io.gfile.exists(target if n == 0 else f"{target}-{n}"):
+        while epath.Path(target if n == 0 else f"{target}-{n}").exists():
             n += 1
         target = target if n == 0 else f"{target}-{n}"
         if jax.process_index() == 0:
-            tf.io.gfile.makedirs(target)
-            tf.io.gfile.rename(os.path.join(self.directory, str(step)), os.path.join(target, "checkpoint"))
-            iterators = os.path.join(self._iterators_dir, str(step))
-            if tf.io.gfile.isdir(iterators):
-                tf.io.gfile.rename(iterators, os.path.join(target, "data_iterators"))
+            epath.Path(target).mkdir(parents=True, exist_ok=True)
+            (epath.Path(self.directory) / str(step)).rename(os.path.join(target, "checkpoint"))
+            iterators = epath.Path(self._iterators_dir) / str(step)
+            if iterators.is_dir():
+                iterators.rename(os.path.join(target, "data_iterators"))
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
         self.manager.close()
@@ -533,17 +549,14 @@ class Checkpointer:
         A step being saved asynchronously has no checkpoint folder yet: anything newer than
         the latest finalised step is kept.
         """
-        if jax.process_index() != 0 or not tf.io.gfile.isdir(self._iterators_dir):
+        iterators = epath.Path(self._iterators_dir)
+        if jax.process_index() != 0 or not iterators.is_dir():
             return
         latest = self.manager.latest_step() or -1
-        for name in tf.io.gfile.listdir(self._iterators_dir):
-            name = name.rstrip("/")
-            if (
-                name.isdigit()
-                and int(name) < latest
-                and not tf.io.gfile.exists(os.path.join(self.directory, name))
-            ):
-                tf.io.gfile.rmtree(os.path.join(self._iterators_dir, name))
+        for child in iterators.iterdir():
+            name = child.name
+            if name.isdigit() and int(name) < latest and not (epath.Path(self.directory) / name).exists():
+                child.rmtree()
 
     def close(self) -> None:
         self.wait()

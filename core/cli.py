@@ -173,6 +173,18 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
+    """--compilation_cache (core/compilation_cache.py) of the tools that train into a workdir."""
+    parser.add_argument(
+        "--compilation_cache",
+        default="workdir",
+        metavar="workdir|off|DIR",
+        help="persistent XLA compilation cache, so that a restarted run does not compile its steps "
+        "again: 'workdir' = WORKDIR/compilation_cache (or $JAX_COMPILATION_CACHE_DIR when set), "
+        "'off', or a directory",
+    )
+
+
 def check_same_command(args: argparse.Namespace) -> None:
     """In a cluster, after the gin files are parsed and before anything is written: every
     process was started with the same flags and gin config, else a one-line ClusterError on

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import tensorflow as tf
+from etils import epath
 
 from core.checkpointing import orbax_reports_held, saved_tree
 from core.errors import UserError, one_line
@@ -44,20 +44,20 @@ def absolute(path: str) -> str:
 
 def write_config(workdir: str, config: Any) -> None:
     """Writes the model's config dataclass to WORKDIR/model_config.json."""
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(os.path.join(workdir, MODEL_CONFIG), "w") as f:
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    with epath.Path(workdir, MODEL_CONFIG).open("w") as f:
         json.dump(dataclasses.asdict(config), f, indent=2)
 
 
 def read_config(workdir: str, config_class: type[Config]) -> Config:
     """The config dataclass of WORKDIR/model_config.json; fields this code does not know are an error."""
     path = os.path.join(workdir, MODEL_CONFIG)
-    if not tf.io.gfile.exists(path):
+    if not epath.Path(path).exists():
         raise WorkdirError(
             f"no {MODEL_CONFIG} in '{workdir}': pass the workdir of a pretraining run "
             "(python -m pretrain.train) or of an imported checkpoint"
         )
-    with tf.io.gfile.GFile(path) as f:
+    with epath.Path(path).open() as f:
         fields = json.load(f)
     known = {field.name for field in dataclasses.fields(config_class)}
     unknown = sorted(set(fields) - known)
@@ -70,13 +70,13 @@ def read_config(workdir: str, config_class: type[Config]) -> Config:
 
 def finished_steps(workdir: str) -> list[int]:
     """The steps of the workdir's checkpoints that hold a `state` item, ascending."""
-    directory = os.path.join(workdir, CHECKPOINTS_DIR)
+    directory = epath.Path(workdir, CHECKPOINTS_DIR)
     steps = (
-        [int(name.rstrip("/")) for name in tf.io.gfile.listdir(directory) if name.rstrip("/").isdigit()]
-        if tf.io.gfile.isdir(directory)
+        [int(child.name) for child in directory.iterdir() if child.name.isdigit()]
+        if directory.is_dir()
         else []
     )
-    return sorted(s for s in steps if tf.io.gfile.exists(os.path.join(directory, str(s), "state")))
+    return sorted(s for s in steps if (directory / str(s) / "state").exists())
 
 
 def latest_step(workdir: str) -> int:

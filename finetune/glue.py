@@ -270,6 +270,7 @@ def build_parser():
     parser.add_argument("--workdir", required=True, help="where runs, results and the submission go")
     cli.add_gin_flags(parser, default_files=["configs/glue/bert.gin"], example="Grid.seeds = (0, 1, 2)")
     cli.add_mesh_flags(parser)
+    cli.add_compilation_cache_flag(parser)
     cli.hidden_alias(parser, "--init_checkpoint", "--init_from")
     return parser
 
@@ -278,6 +279,7 @@ def _run(args) -> None:
     import jax
     import tensorflow as tf
 
+    from core import compilation_cache
     from finetune import sweep  # noqa: F401  (registers Grid with gin)
 
     cli.initialize_distributed(args)
@@ -286,15 +288,17 @@ def _run(args) -> None:
     logging.getLogger("finetune").setLevel(logging.INFO)
     cli.parse_gin(cli.gin_files(args), args.gin_bindings)
     cli.check_same_command(args)
-    summary = run_glue(
-        args.init_from,
-        args.tasks,
-        args.workdir,
-        glue_dir=args.glue_dir,
-        use_tfds=args.tfds,
-        tfds_data_dir=args.tfds_data_dir,
-        mesh_spec=args.mesh,
-    )
+    with compilation_cache.enabled(args.compilation_cache, args.workdir) as cache:
+        summary = run_glue(
+            args.init_from,
+            args.tasks,
+            args.workdir,
+            glue_dir=args.glue_dir,
+            use_tfds=args.tfds,
+            tfds_data_dir=args.tfds_data_dir,
+            mesh_spec=args.mesh,
+        )
+    logging.getLogger("finetune").info(cache.summary())
     print(
         f"done: GLUE score {100 * summary['glue_score']:.1f} over {', '.join(summary['glue_score_tasks'])}; "
         f"{args.workdir}/results.md, results.json, submission.zip "

@@ -50,10 +50,10 @@ import numpy as np
 from core import axes
 from core.errors import ConfigError
 from models import matmul
+from models.attention import MASKED_LOGIT
 from models.disentangled import relative_index
 from models.dropout import Dropout, dropout
 from models.encoder import (
-    MASKED_LOGIT,
     REMAT_POLICIES,
     EncoderConfig,
     EncoderOutput,

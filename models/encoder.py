@@ -49,13 +49,21 @@ import flax.struct
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from core import axes
 from core.errors import ConfigError
 from models import matmul
+from models.attention import (
+    IMPLEMENTATIONS,
+    KeyMask,
+    choose,
+    cudnn_attention,
+    explicit_attention,
+    log_choice,
+    splash_attention,
+)
 from models.disentangled import DisentangledConfig
-from models.dropout import DROPOUT_BITS, Dropout, dropout
+from models.dropout import DROPOUT_BITS, Dropout
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # HF configs' "gelu" is the exact erf form. google-research/bert's modeling.py used erf
@@ -66,7 +74,6 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
 _MATMUL_ACCUMULATIONS = ("float32", "compute")
 # Cross-layer parameter sharing (ALBERT, arXiv 1909.11942 Table 4): which sub-blocks
 # all layers share. See the module docstring for the parameter trees.
@@ -79,9 +86,6 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-# The value jax.nn.dot_product_attention's XLA path gives masked logits, so both
-# attention paths below agree exactly; finite, so fully padded rows give no NaN.
-MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 @gin.configurable
@@ -102,9 +106,11 @@ class EncoderConfig:
       initializer_range: stddev of the truncated normal for kernels and embeddings.
       dtype: compute dtype ("float32", "bfloat16", "float16").
       param_dtype: storage dtype of the parameters.
-      attention_implementation: `implementation` of jax.nn.dot_product_attention
-        (None = let JAX choose, "xla", "cudnn"); unused while attention dropout is
-        active in training (see `explicit_attention`).
+      attention_implementation: the attention path, one of models/attention.py's
+        IMPLEMENTATIONS: "auto" (cuDNN flash attention on GPU, splash on TPU, where they
+        apply; else XLA's), "explicit", "xla", "cudnn" or "splash". Training with attention
+        dropout always takes "explicit", the only path with dropout. DeBERTa's
+        disentangled attention has its own path and takes "auto" only.
       matmul_accumulation: "float32" (default): every matmul takes its operands in the
         compute dtype and accumulates in float32, forward and backward (models/matmul.py);
         "compute": the product in the compute dtype (flax's nn.Dense in bf16), kept to
@@ -161,7 +167,7 @@ class EncoderConfig:
     initializer_range: float = 0.02
     dtype: str = "float32"
     param_dtype: str = "float32"
-    attention_implementation: str | None = None
+    attention_implementation: str = "auto"
     matmul_accumulation: str = "float32"
     remat_policy: str = "none"
     scan_layers: bool = False
@@ -208,8 +214,10 @@ class EncoderConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 fail(name, f"one of {_DTYPES}")
-        if self.attention_implementation not in _ATTENTION_IMPLEMENTATIONS:
-            fail("attention_implementation", f"one of {_ATTENTION_IMPLEMENTATIONS}")
+        if self.attention_implementation is None:  # model_config.json files written before 'auto'
+            object.__setattr__(self, "attention_implementation", "auto")
+        if self.attention_implementation not in IMPLEMENTATIONS:
+            fail("attention_implementation", f"one of {IMPLEMENTATIONS}")
         if self.matmul_accumulation not in _MATMUL_ACCUMULATIONS:
             fail("matmul_accumulation", f"one of {_MATMUL_ACCUMULATIONS}")
         if self.remat_policy not in REMAT_POLICIES:
@@ -233,7 +241,7 @@ class EncoderConfig:
             fail("classifier_head", f"one of {tuple(HEADS)}")
         if self.disentangled is not None:
             settings = (("sharing", "none"), ("scan_layers", False), ("position_offset", 0))
-            for name, bert_only in (*settings, ("attention_implementation", None)):
+            for name, bert_only in (*settings, ("attention_implementation", "auto")):
                 if getattr(self, name) != bert_only:
                     raise ConfigError(
                         f"EncoderConfig.{name}={getattr(self, name)!r} is not implemented for DeBERTa "
@@ -285,6 +293,21 @@ class EncoderConfig:
                 f"{what} {length} exceeds EncoderConfig.max_position_embeddings = "
                 f"{self.max_position_embeddings}{offset}: lower it, or use a model with more positions"
             )
+
+    def attention_choice(self, length: int, *, dropout: bool) -> tuple[str, str]:
+        """(path, reason): the self-attention this config takes at `length` on this process's
+        platform (models/attention.py's `choose`), with `dropout` = training; DeBERTa's
+        disentangled attention always takes its own path (models/deberta.py)."""
+        if self.disentangled is not None:
+            return "disentangled", "DeBERTa's disentangled attention has its own path"
+        return choose(
+            self.attention_implementation,
+            platform=jax.default_backend(),
+            dtype=self.dtype,
+            head_dim=self.head_dim,
+            length=length,
+            dropout=dropout and self.attention_dropout_rate > 0.0,
+        )
 
     @property
     def head_dim(self) -> int:
@@ -382,22 +405,6 @@ def constrain_hidden(x: jax.Array) -> jax.Array:
 # --- attention -------------------------------------------------------------------
 
 
-def attention_mask(input_mask: jax.Array, example_ids: jax.Array | None = None) -> jax.Array:
-    """Which keys each query may attend to.
-
-    Args:
-      input_mask: [B, L] int, 1 for real tokens, 0 for padding.
-      example_ids: optional [B, L] int, the packed example of each token (1..k,
-        0 = pad); tokens then attend only within their own example.
-    Returns:
-      [B, 1, 1, L] bool without packing, [B, 1, L, L] bool with it (broadcast over heads).
-    """
-    mask = input_mask.astype(bool)[:, None, None, :]
-    if example_ids is not None:
-        mask = mask & (example_ids[:, None, :, None] == example_ids[:, None, None, :])
-    return mask
-
-
 def heads_in(config: EncoderConfig, name: str, *, use_bias: bool = True) -> matmul.Einsum:
     """A q/k/v projection [B, L, H] -> [B, L, N, D], kernel [H, N, D].
 
@@ -436,51 +443,18 @@ def hidden_dropout(cfg: EncoderConfig) -> Dropout:
     return Dropout(cfg.dropout_rate, bits=cfg.dropout_bits)
 
 
-def explicit_attention(
-    query: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
-    mask: jax.Array,
-    *,
-    dropout_rate: float = 0.0,
-    dropout_rng: jax.Array | None = None,
-    dropout_bits: int = 16,
-    accumulate_f32: bool = True,
-) -> jax.Array:
-    """Softmax attention written out step by step, with dropout on the probabilities.
-
-    BERT drops attention probabilities in training, and jax.nn.dot_product_attention
-    has no dropout, so training with attention_dropout_rate > 0 takes this path. It
-    mirrors that function's XLA path (float32 logits and softmax, the same masked
-    value), so without dropout the two agree.
-
-    Args:
-      query, key, value: [B, L, N, D] compute dtype.
-      mask: bool, broadcastable to [B, N, L, L]; True = may attend.
-      dropout_rate: probability of dropping an attention probability.
-      dropout_rng: PRNG key for the dropout; None = no dropout.
-      dropout_bits: random bits per mask element (`EncoderConfig.dropout_bits`).
-      accumulate_f32: `EncoderConfig.matmul_accumulation == "float32"` (models/matmul.py).
-    Returns:
-      [B, L, N, D] in value's dtype.
-    """
-    scale = jnp.float32(1.0 / np.sqrt(query.shape[-1]))
-    dot = functools.partial(matmul.einsum, dtype=value.dtype, accumulate_f32=accumulate_f32)
-    logits = dot("btnd,bsnd->bnts", query, key).astype(jnp.float32) * scale
-    probs = jax.nn.softmax(jnp.where(mask, logits, MASKED_LOGIT), axis=-1)
-    if dropout_rng is not None and dropout_rate > 0.0:
-        probs = dropout(probs, dropout_rate, dropout_rng, bits=dropout_bits)
-    return dot("bnts,bsnd->btnd", probs, value).astype(value.dtype)
-
-
 class SelfAttention(nn.Module):
-    """Multi-head self-attention: q/k/v projections, attention, output projection."""
+    """Multi-head self-attention: q/k/v projections, attention, output projection.
+
+    The attention itself is one of models/attention.py's paths, as `choose` picks it for
+    `config.attention_implementation`, the platform and whether dropout is on.
+    """
 
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array, *, deterministic: bool) -> jax.Array:
-        """x: [B, L, H] compute dtype; mask: from `attention_mask`. Returns [B, L, H] compute dtype."""
+    def __call__(self, x: jax.Array, mask: KeyMask, *, deterministic: bool) -> jax.Array:
+        """x: [B, L, H] compute dtype; mask: the batch's KeyMask. Returns [B, L, H] compute dtype."""
         cfg = self.config
         heads_axes = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV)
 
@@ -488,25 +462,25 @@ class SelfAttention(nn.Module):
             return nn.with_logical_constraint(heads_in(cfg, name)(x), heads_axes)
 
         query, key, value = project("query"), project("key"), project("value")
-        if deterministic or cfg.attention_dropout_rate == 0.0:
-            if cfg.attention_implementation == "cudnn":
-                # cuDNN's fused kernel takes a mask only at its full [B, 1, L, L] shape.
-                length = query.shape[1]
-                mask = jnp.broadcast_to(mask, (mask.shape[0], 1, length, length))
-            context = jax.nn.dot_product_attention(
-                query, key, value, mask=mask, implementation=cfg.attention_implementation
-            )
-        else:
+        implementation, reason = cfg.attention_choice(x.shape[1], dropout=not deterministic)
+        log_choice(implementation, reason)
+        if implementation == "explicit":
             context = explicit_attention(
                 query,
                 key,
                 value,
-                mask,
-                dropout_rate=cfg.attention_dropout_rate,
-                dropout_rng=self.make_rng("dropout"),
+                mask.dense(),
+                dropout_rate=0.0 if deterministic else cfg.attention_dropout_rate,
+                dropout_rng=None if deterministic else self.make_rng("dropout"),
                 dropout_bits=cfg.dropout_bits,
                 accumulate_f32=cfg.accumulate_f32,
             )
+        elif implementation == "cudnn":
+            context = cudnn_attention(query, key, value, mask)
+        elif implementation == "splash":
+            context = splash_attention(query, key, value, mask, interpret=jax.default_backend() != "tpu")
+        else:
+            context = jax.nn.dot_product_attention(query, key, value, mask=mask.dense(), implementation="xla")
         context = nn.with_logical_constraint(context, heads_axes)
         return heads_out(cfg)(context)
 
@@ -588,8 +562,8 @@ class TransformerLayer(nn.Module):
         self.output_layer_norm = layer_norm(cfg)
         self.dropout = hidden_dropout(cfg)
 
-    def attend(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
-        """The attention block. x: [B, L, H] compute dtype; mask: from `attention_mask`."""
+    def attend(self, x: jax.Array, mask: KeyMask, deterministic: bool) -> jax.Array:
+        """The attention block. x: [B, L, H] compute dtype; mask: the batch's KeyMask."""
         attended = self.attention(x, mask, deterministic=deterministic)
         attended = self.dropout(attended, deterministic=deterministic)
         return constrain_hidden(add_and_normalize(self.config, self.attention_layer_norm, x, attended))
@@ -601,8 +575,8 @@ class TransformerLayer(nn.Module):
         h = self.dropout(self.output(h), deterministic=deterministic)
         return constrain_hidden(add_and_normalize(self.config, self.output_layer_norm, x, h))
 
-    def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
-        """x: [B, L, H] compute dtype; mask: from `attention_mask`. Returns [B, L, H] compute dtype.
+    def __call__(self, x: jax.Array, mask: KeyMask, deterministic: bool) -> jax.Array:
+        """x: [B, L, H] compute dtype; mask: the batch's KeyMask. Returns [B, L, H] compute dtype.
 
         `deterministic` is positional so that nn.remat can mark it static.
         """
@@ -612,13 +586,11 @@ class TransformerLayer(nn.Module):
 # The units that Encoder rematerialises, as functions of the layer that owns the
 # parameters (nn.remat lifts a function whose first argument is a module): the whole
 # layer when one module owns both blocks, else each block on its own.
-def _whole_layer(layer: TransformerLayer, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+def _whole_layer(layer: TransformerLayer, x: jax.Array, mask: KeyMask, deterministic: bool) -> jax.Array:
     return layer(x, mask, deterministic)
 
 
-def _attention_block(
-    layer: TransformerLayer, x: jax.Array, mask: jax.Array, deterministic: bool
-) -> jax.Array:
+def _attention_block(layer: TransformerLayer, x: jax.Array, mask: KeyMask, deterministic: bool) -> jax.Array:
     return layer.attend(x, mask, deterministic)
 
 
@@ -713,7 +685,7 @@ class Encoder(nn.Module):
             # We follow the original, so E = H (the E = 768 ablation arm) is plain BERT.
             x = dense(cfg, cfg.hidden_size, (axes.FACTORIZED, axes.EMBED), name="embedding_projection")(x)
             x = constrain_hidden(x)
-        mask = attention_mask(input_mask, example_ids)
+        mask = KeyMask(input_mask, example_ids)
 
         whole_layer, attention_block, ffn_block = _whole_layer, _attention_block, _ffn_block
         if cfg.remat_policy != "none":
@@ -743,7 +715,7 @@ class Encoder(nn.Module):
                 x = ffn_block(ffn_owner, x, deterministic)
         return EncoderOutput(sequence_output=x, pooled_output=pool(cfg, x), word_embeddings=word_embeddings)
 
-    def _scanned_layers(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+    def _scanned_layers(self, x: jax.Array, mask: KeyMask, deterministic: bool) -> jax.Array:
         """The layers as one `lax.scan` over their stacked parameters (`scan_layers`): XLA
         compiles one layer body instead of num_layers copies.
 

@@ -29,6 +29,7 @@ def build_parser():
     cli.add_gin_flags(parser)
     parser.add_argument("--workdir", required=True, help="where checkpoints, metrics and the summary go")
     cli.add_mesh_flags(parser)
+    cli.add_compilation_cache_flag(parser)
     return parser
 
 
@@ -69,6 +70,7 @@ def _run(args) -> None:
     import jax
     import tensorflow as tf
 
+    from core import compilation_cache
     from pretrain import trainer  # registers run, the objectives, EncoderConfig, PipelineConfig, adamw ...
 
     cli.initialize_distributed(args)  # before any other JAX call
@@ -79,7 +81,9 @@ def _run(args) -> None:
     if overridden:
         logging.getLogger("pretrain").info(overridden)
     cli.check_same_command(args)
-    summary = trainer.run(args.workdir, mesh_spec=args.mesh)
+    with compilation_cache.enabled(args.compilation_cache, args.workdir) as cache:
+        summary = trainer.run(args.workdir, mesh_spec=args.mesh)
+    logging.getLogger("pretrain").info(cache.summary())
     if summary.get("stopped_by"):  # preempted: the checkpoint is written, exit 0 so schedulers restart us
         print(f"stopped by {summary['stopped_by']} at step {summary['step']}: run the same command to resume")
         return

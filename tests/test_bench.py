@@ -27,27 +27,11 @@ from tests import cli_run, jitted
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# `python -m MODULE ARGS` in a Python where importing TensorFlow (or TensorBoard, TFDS) fails,
-# as on an accelerator host with only JAX installed; then asserts none of them was loaded.
-_WITHOUT_TENSORFLOW = """
-import runpy, sys
-class NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorboard", "tensorflow_datasets"):
-            raise ImportError(f"{name} is blocked in this test")
-sys.meta_path.insert(0, NoTensorFlow())
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_module(sys.argv[0], run_name="__main__")
-finally:
-    assert not [m for m in sys.modules if m.startswith("tensorflow")]
-"""
-
-
 def _json_line(*args, without_tensorflow=False):
     # One CPU device, as users run the benchmarks; conftest's fast compilation kept.
     env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0"}
-    python = [sys.executable, "-c", _WITHOUT_TENSORFLOW] if without_tensorflow else [sys.executable, "-m"]
+    # tests/no_tensorflow.py: as on an accelerator host with only JAX installed.
+    python = [sys.executable, "-m"] + (["tests.no_tensorflow"] if without_tensorflow else [])
     result = subprocess.run([*python, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -354,6 +338,7 @@ def test_suite_measures_every_member_in_one_process():
     assert objectives == {
         "bert_base_128": "MaskedLM",
         "bert_large_512": "MaskedLM",
+        "bert_large_512_no_attention_dropout": "MaskedLM",
         "roberta_large_512": "MaskedLM",
         "albert_xxlarge_512": "MaskedLM",
         "electra_base_512": "ElectraRTD",
@@ -367,15 +352,19 @@ def test_suite_measures_every_member_in_one_process():
     assert [p["member"] for p in final["peer"]] == ["bert_base_128", "bert_large_512"]
     assert all(p["note"].startswith("no peer virtualenv at /nonexistent/python") for p in final["peer"])
     assert "| bert_large_512 | 2 x 32 | explicit, dropout 0.1 |" in out
-    assert "| deberta_v3_base_512 | 2 x 32 | disentangled (explicit) |" in out
+    # Without attention dropout 'auto' takes the platform's kernel: XLA's on a CPU.
+    assert "| bert_large_512_no_attention_dropout | 2 x 32 | xla |" in out
+    assert "| deberta_v3_base_512 | 2 x 32 | disentangled, dropout 0.1 |" in out
 
 
 def test_suite_kills_a_member_over_its_time_limit_and_goes_on():
-    _, final = _suite("--only=bert_base_128,electra_base_512", "--timeout=0.5")
-    assert final["ours"] == [
+    out, final = _suite("--only=bert_base_128,electra_base_512", "--timeout=0.5")
+    killed = [
         {"member": "bert_base_128", "error": "no result within 0.5 s: killed"},
         {"member": "electra_base_512", "error": "no result within 0.5 s: killed"},
     ]
+    assert final["ours"] == killed
+    assert [json.loads(line) for line in out.splitlines()[:2]] == killed  # each as it happens
     assert final["child_processes"] == 2 and final["peer"] == []
 
 

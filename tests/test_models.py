@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from core import axes, flops
 from core.state import count_params
 from data.pipeline_config import PipelineConfig
-from models.encoder import Encoder, EncoderConfig, attention_mask, explicit_attention
+from models.encoder import Encoder, EncoderConfig
 from models.pretraining import BertPretrainingModel, abstract_params
 from pretrain import summary, trainer  # noqa: F401  (registers adamw and run for the recipes)
 from tests import jitted
@@ -471,24 +471,6 @@ def test_packed_examples_do_not_attend_to_each_other(tiny):
     packed = encode(packed_ids, packed_mask, positions=positions[None], example_ids=example_ids[None])
     alone = encode(alone_ids, alone_mask)
     np.testing.assert_allclose(packed[10:18], alone[:8], atol=1e-5)
-
-
-@pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
-def test_explicit_attention_matches_dot_product_attention(dtype, atol):
-    rs = np.random.RandomState(0)
-    q, k, v = (jnp.asarray(rs.normal(size=(2, L, 2, 16)), dtype) for _ in range(3))
-    input_mask = np.ones((2, L), np.int32)
-    input_mask[1, 15:] = 0
-    example_ids = np.where(np.arange(L) < 9, 1, 2)[None].repeat(2, 0) * input_mask
-    for mask in (attention_mask(input_mask), attention_mask(input_mask, example_ids)):
-        expected = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
-        actual = explicit_attention(q, k, v, mask)
-        assert actual.dtype == expected.dtype == dtype
-        np.testing.assert_allclose(
-            np.asarray(actual, np.float32), np.asarray(expected, np.float32), atol=atol
-        )
-    dropped = explicit_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=RNG)
-    assert not np.allclose(np.asarray(dropped, np.float32), np.asarray(actual, np.float32))
 
 
 def test_dropout_and_determinism(tiny):

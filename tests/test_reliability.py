@@ -323,3 +323,40 @@ def test_a_failed_save_silences_only_its_own_unawaited_writes():
         del pending, unrelated
         gc.collect()
     assert [str(w.message) for w in caught] == [f"coroutine '{other.__qualname__}' was never awaited"]
+
+
+# Checkpointing and the workdir's files with TensorFlow's import blocked (tests/no_tensorflow.py):
+# a train state without a data iterator saved, restored and its config read back.
+_CHECKPOINT_WITHOUT_TENSORFLOW = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from tests import no_tensorflow
+from core import checkpointing, workdir
+from models.encoder import EncoderConfig
+
+directory = sys.argv[1]
+state = {"w": jnp.arange(6.0), "step": jnp.int32(3)}
+ckpt = checkpointing.Checkpointer(directory)
+ckpt.save(3, state, None)
+ckpt.close()
+abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+restored, step = checkpointing.Checkpointer(directory).restore_latest(abstract, lambda step: None)
+assert step == 3 and np.array_equal(restored["w"], state["w"]), (step, restored)
+workdir.write_config(directory, EncoderConfig(num_layers=1))
+assert workdir.read_config(directory, EncoderConfig).num_layers == 1
+assert workdir.finished_steps(directory) == [3]
+no_tensorflow.assert_none_loaded()
+"""
+
+
+def test_checkpointing_needs_no_tensorflow(tmp_path):
+    """TensorFlow is the input pipeline's: a state without a data iterator is saved and restored,
+    and the workdir's files written and read, with TensorFlow's import blocked."""
+    result = subprocess.run(
+        [sys.executable, "-c", _CHECKPOINT_WITHOUT_TENSORFLOW, str(tmp_path)],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,234 @@
+"""Self-attention kernels and the choice between them (`EncoderConfig.attention_implementation`).
+
+Every path computes softmax(q k^T / sqrt(D), masked) v over [B, L, N, D] queries, keys
+and values (B batch, L length, N heads, D head width); they differ in what they can do and
+where they are fast:
+
+    explicit  written out step by step (float32 logits and softmax). The only path with
+              dropout on the attention probabilities, so training with
+              attention_dropout_rate > 0 always takes it, whatever the setting.
+    xla       jax.nn.dot_product_attention's XLA path (the dense mask).
+    cudnn     cuDNN's fused flash attention through jax.nn.dot_product_attention (GPU;
+              bf16 or fp16; head width <= 128, a multiple of 8). Padding goes in as
+              per-row lengths (every pipeline of ours pads at the end of a row), packed
+              rows as the dense [B, 1, L, L] mask.
+    splash    Pallas splash attention (TPU; Pallas interpret mode anywhere else, which
+              is how the tests run it): padding and packed rows as segment ids, L a
+              multiple of 128 (its block size). A pallas_call cannot be partitioned by
+              XLA, so under a mesh it runs in shard_map over batch and heads.
+
+'auto' (the default) takes cudnn on GPU and splash on TPU where they apply, else xla;
+`choose` decides and says why, and the model logs each decision once per process.
+Without dropout the paths agree to float rounding (tests/test_attention.py); fused
+attention with dropout is issue 34's kernel, not here.
+
+Padding queries (input_mask 0) get different, never-read outputs on different paths: with
+the dense mask they attend to the row's real tokens, with lengths cuDNN gives zeros, with
+segment ids splash lets padding attend to padding. Real tokens see the same keys
+everywhere, and no loss or output reads a padding position.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.sharding import PartitionSpec
+
+from core import axes
+from models import matmul
+from models.dropout import dropout
+
+log = logging.getLogger(__name__)
+
+IMPLEMENTATIONS = ("auto", "explicit", "xla", "cudnn", "splash")
+# The value jax.nn.dot_product_attention's XLA path gives masked logits, so the explicit
+# and XLA paths agree exactly; finite, so fully masked rows give no NaN.
+MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
+SPLASH_BLOCK = 128  # splash's tiles are multiples of the TPU's 128 lanes
+_CUDNN_DTYPES = ("bfloat16", "float16")
+
+
+@flax.struct.dataclass
+class KeyMask:
+    """Which keys each query may attend to, kept as the [B, L] arrays the kernels take.
+
+    Attributes:
+      input_mask: [B, L] int, 1 for real tokens, 0 for padding (at the end of the row).
+      example_ids: [B, L] int, the packed example of each token (1..k, 0 = pad), or
+        None without packing; tokens then attend only within their own example.
+    """
+
+    input_mask: jax.Array
+    example_ids: jax.Array | None = None
+
+    def dense(self) -> jax.Array:
+        """[B, 1, 1, L] bool without packing, [B, 1, L, L] with it; True = may attend."""
+        mask = self.input_mask.astype(bool)[:, None, None, :]
+        if self.example_ids is not None:
+            mask = mask & (self.example_ids[:, None, :, None] == self.example_ids[:, None, None, :])
+        return mask
+
+    def lengths(self) -> jax.Array:
+        """[B] int32: real tokens per row (the padding is trailing)."""
+        return self.input_mask.astype(jnp.int32).sum(axis=-1)
+
+    def segment_ids(self) -> jax.Array:
+        """[B, L] int32: 0 for padding, else the token's example (1 without packing)."""
+        ids = self.input_mask if self.example_ids is None else self.example_ids
+        return jnp.where(self.input_mask.astype(bool), ids, 0).astype(jnp.int32)
+
+
+def attention_mask(input_mask: jax.Array, example_ids: jax.Array | None = None) -> jax.Array:
+    """The dense mask of `KeyMask(input_mask, example_ids)`: [B, 1, 1, L] or [B, 1, L, L] bool."""
+    return KeyMask(input_mask, example_ids).dense()
+
+
+def choose(
+    requested: str, *, platform: str, dtype: str, head_dim: int, length: int, dropout: bool
+) -> tuple[str, str]:
+    """The path a layer takes, and why.
+
+    Args:
+      requested: `EncoderConfig.attention_implementation` (one of IMPLEMENTATIONS).
+      platform: the backend the step runs on ("cpu", "gpu", "tpu").
+      dtype: the compute dtype's name.
+      head_dim: D. length: L.
+      dropout: attention dropout is active (training with attention_dropout_rate > 0).
+    Returns:
+      (one of IMPLEMENTATIONS other than "auto", a reason for the log).
+    """
+    if dropout:
+        return "explicit", "attention dropout is on in training, and only the explicit path has it"
+    if requested != "auto":
+        return requested, "set in EncoderConfig.attention_implementation"
+    if platform == "gpu":
+        if dtype in _CUDNN_DTYPES and head_dim <= 128 and head_dim % 8 == 0:
+            return "cudnn", f"GPU, {dtype}, head width {head_dim}"
+        needs = "bf16/fp16 and a head width <= 128, a multiple of 8"
+        return "xla", f"GPU, but cuDNN flash attention needs {needs}: {dtype}, {head_dim}"
+    if platform == "tpu":
+        if length % SPLASH_BLOCK == 0:
+            return "splash", f"TPU, length {length}"
+        return "xla", f"TPU, but splash attention needs a length divisible by {SPLASH_BLOCK}: {length}"
+    return "xla", f"no fused kernel on {platform}"
+
+
+@functools.cache
+def log_choice(implementation: str, reason: str) -> None:
+    """Logs each distinct decision once per process (a step is traced more than once)."""
+    log.info("attention: %s (%s)", implementation, reason)
+
+
+def explicit_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    dropout_bits: int = 16,
+    accumulate_f32: bool = True,
+) -> jax.Array:
+    """Softmax attention written out step by step, with dropout on the probabilities.
+
+    BERT drops attention probabilities in training, and jax.nn.dot_product_attention
+    has no dropout, so training with attention_dropout_rate > 0 takes this path. It
+    mirrors that function's XLA path (float32 logits and softmax, the same masked
+    value), so without dropout the two agree.
+
+    Args:
+      query, key, value: [B, L, N, D] compute dtype.
+      mask: bool, broadcastable to [B, N, L, L]; True = may attend.
+      dropout_rate: probability of dropping an attention probability.
+      dropout_rng: PRNG key for the dropout; None = no dropout.
+      dropout_bits: random bits per mask element (`EncoderConfig.dropout_bits`).
+      accumulate_f32: `EncoderConfig.matmul_accumulation == "float32"` (models/matmul.py).
+    Returns:
+      [B, L, N, D] in value's dtype.
+    """
+    scale = jnp.float32(1.0 / np.sqrt(query.shape[-1]))
+    dot = functools.partial(matmul.einsum, dtype=value.dtype, accumulate_f32=accumulate_f32)
+    logits = dot("btnd,bsnd->bnts", query, key).astype(jnp.float32) * scale
+    probs = jax.nn.softmax(jnp.where(mask, logits, MASKED_LOGIT), axis=-1)
+    if dropout_rng is not None and dropout_rate > 0.0:
+        probs = dropout(probs, dropout_rate, dropout_rng, bits=dropout_bits)
+    return dot("bnts,bsnd->btnd", probs, value).astype(value.dtype)
+
+
+def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: KeyMask) -> jax.Array:
+    """cuDNN flash attention: [B, L, N, D] bf16/fp16 -> [B, L, N, D]. Padding as lengths; packed
+    rows as the dense mask at its full [B, 1, L, L] shape (the only mask shape cuDNN takes)."""
+    if mask.example_ids is None:
+        return jax.nn.dot_product_attention(
+            query, key, value, key_value_seq_lengths=mask.lengths(), implementation="cudnn"
+        )
+    batch, length = mask.input_mask.shape
+    dense = jnp.broadcast_to(mask.dense(), (batch, 1, length, length))
+    return jax.nn.dot_product_attention(query, key, value, mask=dense, implementation="cudnn")
+
+
+def splash_attention(
+    query: jax.Array, key: jax.Array, value: jax.Array, mask: KeyMask, *, interpret: bool
+) -> jax.Array:
+    """Pallas splash attention: [B, L, N, D] -> [B, L, N, D], padding and packing as segment ids.
+
+    Under a mesh (jax.set_mesh) the kernel runs per shard in shard_map, each shard holding
+    its batch rows and heads as the logical-axis rules place them (a pallas_call is opaque
+    to XLA's partitioner, which would otherwise gather every head onto every device).
+    `interpret` runs the kernel in Pallas's interpreter (any backend; for tests).
+    """
+    length, head_dim = query.shape[1], query.shape[-1]
+    if length % SPLASH_BLOCK:
+        raise ValueError(f"splash attention needs a length divisible by {SPLASH_BLOCK}, got {length}")
+    query = query * jnp.asarray(1.0 / np.sqrt(head_dim), query.dtype)  # splash does not scale
+
+    def attend(q, k, v, ids):  # [b, L, n, D] x3, [b, L] -> [b, L, n, D]
+        heads = q.shape[2]
+        kernel = splash.make_splash_mha(
+            splash_mask.MultiHeadMask([splash_mask.FullMask((length, length))] * heads),
+            head_shards=1,
+            q_seq_shards=1,
+            interpret=interpret,
+        )
+        to_heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
+        out = jax.vmap(kernel)(
+            to_heads_first(q),
+            to_heads_first(k),
+            to_heads_first(v),
+            segment_ids=splash.SegmentIds(q=ids, kv=ids),
+        )
+        return to_heads_first(out)
+
+    ids = mask.segment_ids()
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return attend(query, key, value, ids)
+    heads = _dividing(
+        nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV)), query.shape, mesh
+    )
+    rows = PartitionSpec(heads[0], None)
+    return jax.shard_map(attend, in_specs=(heads, heads, heads, rows), out_specs=heads, check_vma=False)(
+        query, key, value, ids
+    )
+
+
+def _dividing(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> PartitionSpec:
+    """`spec` with the mesh axes that do not divide their dimension dropped (replicated), as
+    core/sharding.py's Partitioner places such arrays (e.g. one head on a tensor:2 mesh)."""
+
+    def size(entry) -> int:
+        names = entry if isinstance(entry, tuple) else (entry,)
+        return int(np.prod([mesh.shape[n] for n in names if n is not None]))
+
+    return PartitionSpec(
+        *(e if e is not None and dim % size(e) == 0 else None for e, dim in zip(spec, shape))
+    )
