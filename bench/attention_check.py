@@ -72,7 +72,7 @@ def _run(args) -> int:
         if name == "cudnn":
             return lambda q, k, v: attention.cudnn_attention(q, k, v, mask)
         return lambda q, k, v: attention.splash_attention(
-            q, k, v, mask, interpret=jax.default_backend() != "tpu"
+            q, k, v, mask, interpret=attention.platform() != "tpu"
         )
 
     def value_and_grads(fn):
@@ -87,7 +87,7 @@ def _run(args) -> int:
         if name == "auto":
             name, _ = attention.choose(
                 "auto",
-                platform=jax.default_backend(),
+                platform=attention.platform(),
                 dtype=args.dtype,
                 head_dim=args.head_dim,
                 length=seq,
@@ -97,7 +97,7 @@ def _run(args) -> int:
     for name in dict.fromkeys([*names, "explicit+dropout"]):
         line = {
             "path": name,
-            "platform": jax.default_backend(),
+            "platform": attention.platform(),
             "shape": [batch, seq, args.heads, args.head_dim],
         }
         if name != "explicit+dropout":

@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from core import cli
+from core.errors import UserError
 
 _FIRST_STEP = re.compile(r"step \d+ done \(compilation included\) in ([\d.]+) s")
 _CACHE = re.compile(r"compilation cache(: off| \S+: \d+ of \d+ compilations read from it.*)")
@@ -44,6 +45,7 @@ def build_parser():
 def _run(args) -> None:
     base = args.workdir or tempfile.mkdtemp(prefix="bench_restart_")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_LOG_COMPILES": "1"}  # names each cache hit
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a shared cache would be warm already
     for setting in args.caches.split(","):
         command = [sys.executable, "-m", "pretrain.train", f"--workdir={os.path.join(base, setting)}"]
         command += [f"--gin_file={f}" for f in cli.gin_files(args)]
@@ -51,12 +53,18 @@ def _run(args) -> None:
         first = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        preempted = False
         for line in first.stdout:
             if re.search(rf"\bstep {args.preempt_at}/\d+\b", line):
                 first.send_signal(signal.SIGTERM)
+                preempted = True
                 break
         first.stdout.read()
-        first.wait()
+        if first.wait() != 0 or not preempted:
+            raise UserError(
+                f"the run to preempt ended (status {first.returncode}) before logging step "
+                f"{args.preempt_at}: give --preempt_at below its run.steps and a run.log_every that logs it"
+            )
         start = time.perf_counter()
         restart = subprocess.run(command, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start

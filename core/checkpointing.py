@@ -22,9 +22,11 @@ A save that fails (a full disk, often in orbax's background writes, surfacing at
 save or at the end) is one CheckpointError naming that step and the last complete one;
 orbax's own tracebacks of the failure go to the DEBUG log (`_SaveReports`).
 
-Files are read and written through etils.epath (local paths and gs://, as orbax does), and
-TensorFlow is imported only to save or restore a tf.data iterator: a step without an input
-pipeline (iterator None) checkpoints with no TensorFlow installed.
+Files are read and written through etils.epath, as orbax does: local paths directly, gs://
+through TensorFlow's file system when TensorFlow is installed (as for training, whose input
+pipeline is tf.data). TensorFlow is imported only for that and to save or restore a tf.data
+iterator: a step without an input pipeline (iterator None) checkpoints a local workdir with
+no TensorFlow installed.
 """
 
 from __future__ import annotations

@@ -7,9 +7,15 @@ MaxText sets `jax_cache_dir` the same way); with it a restart reads the steps it
 before. The training tools' `--compilation_cache` picks the directory:
 
     workdir  (default) <workdir>/compilation_cache, beside the checkpoints it serves; but
-             a cache the environment names (JAX_COMPILATION_CACHE_DIR) is kept
+             a cache the environment names (JAX_COMPILATION_CACHE_DIR) is kept, and
+             JAX_ENABLE_COMPILATION_CACHE=false turns it off
     off      no persistent cache
-    DIR      any directory JAX can write (a local path or, as for workdirs, gs://...)
+    DIR      any directory JAX can write (a local path or, as for workdirs, gs://...; on
+             an object store XLA's own GPU autotuning cache, which JAX would put beside
+             it, stays off: XLA writes it through local files only)
+
+The cache holds executables that JAX runs without checking them: a workdir others can write
+to is a way to run their code in your job: keep the cache where only you write.
 
 JAX writes only compilations that took at least `jax_persistent_cache_min_compile_time_secs`
 (1 s by default: the steps, not the small helpers). `Usage.summary()` says at the end of a
@@ -79,9 +85,15 @@ def enabled(setting: str, workdir: str) -> Iterator[Usage]:
     """Points JAX's persistent cache at `directory(setting, workdir)` (or turns it off) for the
     rest of this process, and counts its use inside the block."""
     path = directory(setting, workdir)
+    if setting == DEFAULT and os.environ.get("JAX_ENABLE_COMPILATION_CACHE", "").lower() in ("0", "false"):
+        path = None  # the environment turned JAX's cache off
     jax_cache.reset_cache()
     jax.config.update("jax_enable_compilation_cache", path is not None)
     if path is not None:
+        if "://" in path and not os.environ.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"):
+            # JAX would also point XLA's GPU autotuning cache into the directory, through a
+            # local-path API that cannot write to an object store (gs://).
+            jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
         jax_cache.set_cache_dir(path)
     usage = Usage(path)
     jax.monitoring.register_event_listener(usage.on_event)

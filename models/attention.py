@@ -8,10 +8,12 @@ where they are fast:
               dropout on the attention probabilities, so training with
               attention_dropout_rate > 0 always takes it, whatever the setting.
     xla       jax.nn.dot_product_attention's XLA path (the dense mask).
-    cudnn     cuDNN's fused flash attention through jax.nn.dot_product_attention (GPU;
-              bf16 or fp16; head width <= 128, a multiple of 8). Padding goes in as
-              per-row lengths (every pipeline of ours pads at the end of a row), packed
-              rows as the dense [B, 1, L, L] mask.
+    cudnn     cuDNN's fused flash attention through jax.nn.dot_product_attention (NVIDIA
+              GPUs of compute capability >= 8.0; bf16 or fp16; head width <= 128, a
+              multiple of 8). Padding goes in as per-row lengths, so input_mask must be
+              a prefix of ones (every pipeline and tool of ours pads at the end of a
+              row). Packed rows take XLA's path instead: cuDNN would take their mask as
+              a [B, 1, L, L] bias and compute its gradient too.
     splash    Pallas splash attention (TPU; Pallas interpret mode anywhere else, which
               is how the tests run it): padding and packed rows as segment ids, L a
               multiple of 128 (its block size). A pallas_call cannot be partitioned by
@@ -23,8 +25,8 @@ Without dropout the paths agree to float rounding (tests/test_attention.py); fus
 attention with dropout is issue 34's kernel, not here.
 
 Padding queries (input_mask 0) get different, never-read outputs on different paths: with
-the dense mask they attend to the row's real tokens, with lengths cuDNN gives zeros, with
-segment ids splash lets padding attend to padding. Real tokens see the same keys
+the dense mask and with cuDNN's lengths they attend to the row's real tokens, with segment
+ids splash lets padding attend to padding. Real tokens see the same keys
 everywhere, and no loss or output reads a padding position.
 """
 
@@ -91,6 +93,16 @@ def attention_mask(input_mask: jax.Array, example_ids: jax.Array | None = None) 
     return KeyMask(input_mask, example_ids).dense()
 
 
+def platform() -> str:
+    """This process's accelerator as the kernels see it: "tpu", "cuda" (an NVIDIA GPU of compute
+    capability 8.0 or more: cuDNN's flash attention), "gpu" (any other GPU) or "cpu"."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return device.platform
+    capability = float(getattr(device, "compute_capability", 0) or 0)
+    return "cuda" if "cuda" in device.client.platform_version.lower() and capability >= 8.0 else "gpu"
+
+
 def choose(
     requested: str, *, platform: str, dtype: str, head_dim: int, length: int, dropout: bool
 ) -> tuple[str, str]:
@@ -98,26 +110,33 @@ def choose(
 
     Args:
       requested: `EncoderConfig.attention_implementation` (one of IMPLEMENTATIONS).
-      platform: the backend the step runs on ("cpu", "gpu", "tpu").
+      platform: `platform()`: "cpu", "cuda", "gpu" or "tpu".
       dtype: the compute dtype's name.
       head_dim: D. length: L.
       dropout: attention dropout is active (training with attention_dropout_rate > 0).
     Returns:
-      (one of IMPLEMENTATIONS other than "auto", a reason for the log).
+      (one of IMPLEMENTATIONS other than "auto", a reason for the log). A fused kernel
+      asked for where it cannot run (cuDNN off an sm80+ NVIDIA GPU or outside its dtypes
+      and widths, splash at a length it cannot tile) falls back to "xla", saying why: a
+      checkpoint's config travels to machines other than the one it was trained on.
     """
     if dropout:
         return "explicit", "attention dropout is on in training, and only the explicit path has it"
-    if requested != "auto":
+    if requested in ("explicit", "xla"):
         return requested, "set in EncoderConfig.attention_implementation"
-    if platform == "gpu":
-        if dtype in _CUDNN_DTYPES and head_dim <= 128 and head_dim % 8 == 0:
-            return "cudnn", f"GPU, {dtype}, head width {head_dim}"
-        needs = "bf16/fp16 and a head width <= 128, a multiple of 8"
-        return "xla", f"GPU, but cuDNN flash attention needs {needs}: {dtype}, {head_dim}"
-    if platform == "tpu":
-        if length % SPLASH_BLOCK == 0:
-            return "splash", f"TPU, length {length}"
-        return "xla", f"TPU, but splash attention needs a length divisible by {SPLASH_BLOCK}: {length}"
+    if requested == "cudnn" or (requested == "auto" and platform == "cuda"):
+        if platform == "cuda" and dtype in _CUDNN_DTYPES and head_dim <= 128 and head_dim % 8 == 0:
+            return "cudnn", f"NVIDIA GPU, {dtype}, head width {head_dim}"
+        needs = (
+            "an NVIDIA GPU of compute capability >= 8.0, bf16/fp16, a head width <= 128 and a multiple of 8"
+        )
+        return "xla", f"cuDNN flash attention needs {needs}: {platform}, {dtype}, {head_dim}"
+    if requested == "splash" or (requested == "auto" and platform == "tpu"):
+        if length % SPLASH_BLOCK:
+            return "xla", f"splash attention needs a length divisible by {SPLASH_BLOCK}: {length}"
+        if platform != "tpu":
+            return "splash", f"splash in Pallas interpret mode on {platform} (slow: for tests)"
+        return "splash", f"TPU, length {length}"
     return "xla", f"no fused kernel on {platform}"
 
 
@@ -165,15 +184,14 @@ def explicit_attention(
 
 
 def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: KeyMask) -> jax.Array:
-    """cuDNN flash attention: [B, L, N, D] bf16/fp16 -> [B, L, N, D]. Padding as lengths; packed
-    rows as the dense mask at its full [B, 1, L, L] shape (the only mask shape cuDNN takes)."""
-    if mask.example_ids is None:
-        return jax.nn.dot_product_attention(
-            query, key, value, key_value_seq_lengths=mask.lengths(), implementation="cudnn"
-        )
-    batch, length = mask.input_mask.shape
-    dense = jnp.broadcast_to(mask.dense(), (batch, 1, length, length))
-    return jax.nn.dot_product_attention(query, key, value, mask=dense, implementation="cudnn")
+    """cuDNN flash attention: [B, L, N, D] bf16/fp16 -> [B, L, N, D], padding (at the end of
+    each row) as per-row lengths. Packed rows go to XLA's path with the dense mask: cuDNN
+    takes a mask only as a [B, 1, L, L] bias, whose gradient its backward pass computes."""
+    if mask.example_ids is not None:
+        return jax.nn.dot_product_attention(query, key, value, mask=mask.dense(), implementation="xla")
+    return jax.nn.dot_product_attention(
+        query, key, value, key_value_seq_lengths=mask.lengths(), implementation="cudnn"
+    )
 
 
 def splash_attention(
@@ -212,10 +230,12 @@ def splash_attention(
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return attend(query, key, value, ids)
-    heads = _dividing(
+    batch, _, heads, _ = _dividing(
         nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV)), query.shape, mesh
     )
-    rows = PartitionSpec(heads[0], None)
+    # Rows and heads only: a shard holds whole sequences (every key its queries attend to).
+    heads = PartitionSpec(batch, None, heads, None)
+    rows = PartitionSpec(batch, None)
     return jax.shard_map(attend, in_specs=(heads, heads, heads, rows), out_specs=heads, check_vma=False)(
         query, key, value, ids
     )

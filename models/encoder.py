@@ -62,6 +62,7 @@ from models.attention import (
     log_choice,
     splash_attention,
 )
+from models.attention import platform as attention_platform
 from models.disentangled import DisentangledConfig
 from models.dropout import DROPOUT_BITS, Dropout
 
@@ -302,7 +303,7 @@ class EncoderConfig:
             return "disentangled", "DeBERTa's disentangled attention has its own path"
         return choose(
             self.attention_implementation,
-            platform=jax.default_backend(),
+            platform=attention_platform(),
             dtype=self.dtype,
             head_dim=self.head_dim,
             length=length,
@@ -478,7 +479,7 @@ class SelfAttention(nn.Module):
         elif implementation == "cudnn":
             context = cudnn_attention(query, key, value, mask)
         elif implementation == "splash":
-            context = splash_attention(query, key, value, mask, interpret=jax.default_backend() != "tpu")
+            context = splash_attention(query, key, value, mask, interpret=attention_platform() != "tpu")
         else:
             context = jax.nn.dot_product_attention(query, key, value, mask=mask.dense(), implementation="xla")
         context = nn.with_logical_constraint(context, heads_axes)
@@ -655,7 +656,9 @@ class Encoder(nn.Module):
         """Encodes a batch.
 
         Args:
-          input_ids, input_mask, segment_ids: [B, L] int32 (input_mask 1 = real token).
+          input_ids, input_mask, segment_ids: [B, L] int32 (input_mask 1 = real token, 0 =
+            padding, which is at the end of each row: cuDNN's attention reads the mask as
+            per-row lengths; models/attention.py).
           positions: [B, L] int32 position ids counting from 0 (`position_offset` is
             added in the embeddings); default 0..L-1 in every row.
           example_ids: [B, L] int32 packed-example ids (0 = pad), or None without packing.

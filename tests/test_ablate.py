@@ -150,3 +150,28 @@ def test_electra_vs_mlm_grid_spends_equal_flops_and_fine_tunes(
     for arm in arms:
         assert 0 <= float(rows[arm]["demo task dev (median)"]) <= 1
         assert (tmp_path / f"{arm}_glue" / "results.json").exists()
+
+
+def test_attention_dropout_arms_differ_in_attention_dropout_only(monkeypatch):
+    """configs/ablations/attention_dropout on the demo run and on BERT-base's recipe: the
+    arms' models differ in the attention dropout rate alone, so 'auto' is all that changes
+    the attention path (explicit with dropout, or the platform's fused kernel)."""
+    import dataclasses
+
+    import gin
+
+    from core import cli
+    from models.encoder import EncoderConfig
+    from pretrain import trainer  # noqa: F401  (registers what the run files bind)
+
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # gin includes
+    for base in (["configs/runs/demo.gin"], ["configs/models/bert_base.gin", "configs/recipes/bert.gin"]):
+        arms = {}
+        for arm in ("bert", "none"):
+            gin.clear_config()
+            cli.parse_gin([*base, f"configs/ablations/attention_dropout/{arm}.gin"], [])
+            arms[arm] = EncoderConfig()
+        gin.clear_config()
+        assert (arms["bert"].attention_dropout_rate, arms["none"].attention_dropout_rate) == (0.1, 0.0)
+        assert dataclasses.replace(arms["bert"], attention_dropout_rate=0.0) == arms["none"]
+        assert arms["bert"].attention_implementation == "auto"
