@@ -60,20 +60,11 @@ def _run(args) -> int:
     def path(name: str, packed: bool):
         mask = attention.KeyMask(jnp.asarray(input_mask), jnp.asarray(example_ids) if packed else None)
         if name == "explicit+dropout":
-            return lambda q, k, v: attention.explicit_attention(
-                q, k, v, mask.dense(), dropout_rate=0.1, dropout_rng=dropout_rng
+            return lambda q, k, v: attention.attend(
+                "explicit", q, k, v, mask, dropout_rate=0.1, dropout_rng=dropout_rng
             )
-        if name in ("explicit", "reference"):
-            return lambda q, k, v: attention.explicit_attention(q, k, v, mask.dense())
-        if name == "xla":
-            return lambda q, k, v: jax.nn.dot_product_attention(
-                q, k, v, mask=mask.dense(), implementation="xla"
-            )
-        if name == "cudnn":
-            return lambda q, k, v: attention.cudnn_attention(q, k, v, mask)
-        return lambda q, k, v: attention.splash_attention(
-            q, k, v, mask, interpret=attention.platform() != "tpu"
-        )
+        implementation = "explicit" if name == "reference" else name
+        return lambda q, k, v: attention.attend(implementation, q, k, v, mask)
 
     def value_and_grads(fn):
         def loss(q, k, v):

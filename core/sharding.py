@@ -132,6 +132,17 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
     }
 
 
+def divisible_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> PartitionSpec:
+    """`spec` with each dimension's mesh axes dropped (replicated) where they do not divide
+    it: arrays on a mesh must split evenly. `mesh`: a Mesh or an AbstractMesh."""
+
+    def ways(axes) -> int:
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        return int(np.prod([mesh.shape[a] for a in names]))
+
+    return PartitionSpec(*(axes if size % ways(axes) == 0 else None for axes, size in zip(spec, shape)))
+
+
 @dataclasses.dataclass(eq=False)
 class Partitioner:
     """A mesh and its logical-axis rules, used together everywhere.
@@ -176,12 +187,7 @@ class Partitioner:
         )
 
     def _divisible(self, sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
-        def ways(axes) -> int:
-            names = (axes,) if isinstance(axes, str) else tuple(axes or ())
-            return int(np.prod([self.mesh.shape[a] for a in names]))
-
-        spec = tuple(axes if size % ways(axes) == 0 else None for axes, size in zip(sharding.spec, shape))
-        return NamedSharding(self.mesh, PartitionSpec(*spec))
+        return NamedSharding(self.mesh, divisible_spec(sharding.spec, shape, self.mesh))
 
     @property
     def batch_sharding(self) -> NamedSharding:

@@ -44,7 +44,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec
 
-from core import axes
+from core import axes, sharding
 from models import matmul
 from models.dropout import dropout
 
@@ -183,6 +183,38 @@ def explicit_attention(
     return dot("bnts,bsnd->btnd", probs, value).astype(value.dtype)
 
 
+def attend(
+    implementation: str,
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: KeyMask,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    dropout_bits: int = 16,
+    accumulate_f32: bool = True,
+) -> jax.Array:
+    """Attention by the path `implementation` (as `choose` returns it): [B, L, N, D] -> [B, L, N, D].
+    The dropout arguments are the explicit path's (`explicit_attention`); the others have none."""
+    if implementation == "explicit":
+        return explicit_attention(
+            query,
+            key,
+            value,
+            mask.dense(),
+            dropout_rate=dropout_rate,
+            dropout_rng=dropout_rng,
+            dropout_bits=dropout_bits,
+            accumulate_f32=accumulate_f32,
+        )
+    if implementation == "cudnn":
+        return cudnn_attention(query, key, value, mask)
+    if implementation == "splash":
+        return splash_attention(query, key, value, mask)
+    return jax.nn.dot_product_attention(query, key, value, mask=mask.dense(), implementation="xla")
+
+
 def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: KeyMask) -> jax.Array:
     """cuDNN flash attention: [B, L, N, D] bf16/fp16 -> [B, L, N, D], padding (at the end of
     each row) as per-row lengths. Packed rows go to XLA's path with the dense mask: cuDNN
@@ -195,15 +227,18 @@ def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: Ke
 
 
 def splash_attention(
-    query: jax.Array, key: jax.Array, value: jax.Array, mask: KeyMask, *, interpret: bool
+    query: jax.Array, key: jax.Array, value: jax.Array, mask: KeyMask, *, interpret: bool | None = None
 ) -> jax.Array:
     """Pallas splash attention: [B, L, N, D] -> [B, L, N, D], padding and packing as segment ids.
 
     Under a mesh (jax.set_mesh) the kernel runs per shard in shard_map, each shard holding
     its batch rows and heads as the logical-axis rules place them (a pallas_call is opaque
     to XLA's partitioner, which would otherwise gather every head onto every device).
-    `interpret` runs the kernel in Pallas's interpreter (any backend; for tests).
+    `interpret` runs the kernel in Pallas's interpreter (any backend; for tests); None: off
+    a TPU only.
     """
+    if interpret is None:
+        interpret = platform() != "tpu"
     length, head_dim = query.shape[1], query.shape[-1]
     if length % SPLASH_BLOCK:
         raise ValueError(f"splash attention needs a length divisible by {SPLASH_BLOCK}, got {length}")
@@ -230,7 +265,7 @@ def splash_attention(
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return attend(query, key, value, ids)
-    batch, _, heads, _ = _dividing(
+    batch, _, heads, _ = sharding.divisible_spec(
         nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV)), query.shape, mesh
     )
     # Rows and heads only: a shard holds whole sequences (every key its queries attend to).
@@ -238,17 +273,4 @@ def splash_attention(
     rows = PartitionSpec(batch, None)
     return jax.shard_map(attend, in_specs=(heads, heads, heads, rows), out_specs=heads, check_vma=False)(
         query, key, value, ids
-    )
-
-
-def _dividing(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> PartitionSpec:
-    """`spec` with the mesh axes that do not divide their dimension dropped (replicated), as
-    core/sharding.py's Partitioner places such arrays (e.g. one head on a tensor:2 mesh)."""
-
-    def size(entry) -> int:
-        names = entry if isinstance(entry, tuple) else (entry,)
-        return int(np.prod([mesh.shape[n] for n in names if n is not None]))
-
-    return PartitionSpec(
-        *(e if e is not None and dim % size(e) == 0 else None for e, dim in zip(spec, shape))
     )

@@ -56,11 +56,9 @@ from models import matmul
 from models.attention import (
     IMPLEMENTATIONS,
     KeyMask,
+    attend,
     choose,
-    cudnn_attention,
-    explicit_attention,
     log_choice,
-    splash_attention,
 )
 from models.attention import platform as attention_platform
 from models.disentangled import DisentangledConfig
@@ -465,23 +463,20 @@ class SelfAttention(nn.Module):
         query, key, value = project("query"), project("key"), project("value")
         implementation, reason = cfg.attention_choice(x.shape[1], dropout=not deterministic)
         log_choice(implementation, reason)
-        if implementation == "explicit":
-            context = explicit_attention(
-                query,
-                key,
-                value,
-                mask.dense(),
-                dropout_rate=0.0 if deterministic else cfg.attention_dropout_rate,
-                dropout_rng=None if deterministic else self.make_rng("dropout"),
-                dropout_bits=cfg.dropout_bits,
-                accumulate_f32=cfg.accumulate_f32,
-            )
-        elif implementation == "cudnn":
-            context = cudnn_attention(query, key, value, mask)
-        elif implementation == "splash":
-            context = splash_attention(query, key, value, mask, interpret=attention_platform() != "tpu")
-        else:
-            context = jax.nn.dot_product_attention(query, key, value, mask=mask.dense(), implementation="xla")
+        context = attend(
+            implementation,
+            query,
+            key,
+            value,
+            mask,
+            dropout_rate=0.0 if deterministic else cfg.attention_dropout_rate,
+            # Only the explicit path drops anything (and asks for the "dropout" rng).
+            dropout_rng=self.make_rng("dropout")
+            if implementation == "explicit" and not deterministic
+            else None,
+            dropout_bits=cfg.dropout_bits,
+            accumulate_f32=cfg.accumulate_f32,
+        )
         context = nn.with_logical_constraint(context, heads_axes)
         return heads_out(cfg)(context)
 
