@@ -1,12 +1,14 @@
 r"""The attention paths on this machine's platform: equal to the explicit softmax, and their cost.
 
     python -m bench.attention_check [--batch=32] [--seq=512] [--heads=16] [--head_dim=64] \
-        [--dtype=bfloat16] [--paths=auto,xla,...] [--steps=20]
+        [--dtype=bfloat16] [--paths=auto,xla,flash,flash+dropout,...] [--steps=20]
 
 On rows with trailing padding and packed examples, each path's output and the gradients of
 q, k and v are compared with the explicit softmax computed in float32 from the same inputs
-(at real tokens; padding queries' outputs are never read); then each path's forward and
-backward is timed, with the explicit path with BERT's attention dropout (0.1) beside them.
+(at real tokens; padding queries' outputs are never read); a path named with '+dropout'
+(e.g. 'flash+dropout') drops with BERT's rate (0.1) and is compared with the explicit path
+dropping with the same key (the same masks). Then each path's forward and backward is timed,
+with 'explicit+dropout' (what BERT's recipes train with today) beside them.
 'auto' is the path models/attention.py picks here. Prints one JSON line per path and exits
 with status 1 if a path is off by more than the dtype's tolerance. What an accelerator run
 calls first (docs/performance.md), so that a kernel's mistake shows before its speed.
@@ -58,13 +60,13 @@ def _run(args) -> int:
     dropout_rng = jax.random.key(0)
 
     def path(name: str, packed: bool):
+        """'explicit', 'flash', ... or with '+dropout' (BERT's 0.1, the same key on every path)."""
         mask = attention.KeyMask(jnp.asarray(input_mask), jnp.asarray(example_ids) if packed else None)
-        if name == "explicit+dropout":
-            return lambda q, k, v: attention.attend(
-                "explicit", q, k, v, mask, dropout_rate=0.1, dropout_rng=dropout_rng
-            )
-        implementation = "explicit" if name == "reference" else name
-        return lambda q, k, v: attention.attend(implementation, q, k, v, mask)
+        implementation, _, dropout = name.partition("+")
+        rate = 0.1 if dropout else 0.0
+        return lambda q, k, v: attention.attend(
+            implementation, q, k, v, mask, dropout_rate=rate, dropout_rng=dropout_rng if rate else None
+        )
 
     def value_and_grads(fn):
         def loss(q, k, v):
@@ -92,9 +94,12 @@ def _run(args) -> int:
             "shape": [batch, seq, args.heads, args.head_dim],
         }
         if name != "explicit+dropout":
+            # The reference: the explicit path in float32, with the same dropout if any (the
+            # flash kernel draws the explicit path's masks).
+            reference = "explicit+dropout" if name.endswith("+dropout") else "explicit"
             for packed in (False, True):
                 f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-                expected = value_and_grads(path("reference", packed))(*f32)
+                expected = value_and_grads(path(reference, packed))(*f32)
                 actual = value_and_grads(path(name, packed))(q, k, v)
                 errors = []
                 for got, want in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):

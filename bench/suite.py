@@ -72,6 +72,14 @@ MEMBERS = (
         512,
         bindings=("EncoderConfig.attention_dropout_rate = 0.0",),
     ),
+    # BERT's attention dropout in our flash kernel (opt-in until this row beats bert_large_512).
+    Member(
+        "bert_large_512_flash",
+        ("configs/models/bert_large.gin", "configs/recipes/bert.gin"),
+        32,
+        512,
+        bindings=("EncoderConfig.attention_implementation = 'flash'",),
+    ),
     Member(
         "roberta_large_512",
         ("configs/models/roberta_large.gin", "configs/recipes/roberta_large.gin"),

@@ -4,9 +4,14 @@ Every path computes softmax(q k^T / sqrt(D), masked) v over [B, L, N, D] queries
 and values (B batch, L length, N heads, D head width); they differ in what they can do and
 where they are fast:
 
-    explicit  written out step by step (float32 logits and softmax). The only path with
-              dropout on the attention probabilities, so training with
-              attention_dropout_rate > 0 always takes it, whatever the setting.
+    explicit  written out step by step (float32 logits and softmax), with dropout on the
+              attention probabilities (models/dropout.py's masks). Training with
+              attention_dropout_rate > 0 takes it unless 'flash' is set.
+    flash     our Pallas flash attention (models/flash_attention.py: Mosaic on TPU,
+              Triton on GPU, Pallas's interpreter elsewhere, which is slow: for tests),
+              with the explicit path's very dropout masks drawn inside the kernel.
+              Opt-in: 'auto' never picks it until an accelerator measurement shows it
+              faster than 'explicit' with dropout (docs/performance.md).
     xla       jax.nn.dot_product_attention's XLA path (the dense mask).
     cudnn     cuDNN's fused flash attention through jax.nn.dot_product_attention (NVIDIA
               GPUs of compute capability >= 8.0; bf16 or fp16; head width <= 128, a
@@ -21,8 +26,8 @@ where they are fast:
 
 'auto' (the default) takes cudnn on GPU and splash on TPU where they apply, else xla;
 `choose` decides and says why, and the model logs each decision once per process.
-Without dropout the paths agree to float rounding (tests/test_attention.py); fused
-attention with dropout is issue 34's kernel, not here.
+The paths agree to float rounding (tests/test_attention.py, tests/test_flash_attention.py),
+'explicit' and 'flash' with dropout too.
 
 Padding queries (input_mask 0) get different, never-read outputs on different paths: with
 the dense mask and with cuDNN's lengths they attend to the row's real tokens, with segment
@@ -45,12 +50,12 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec
 
 from core import axes, sharding
-from models import matmul
+from models import flash_attention, matmul
 from models.dropout import dropout
 
 log = logging.getLogger(__name__)
 
-IMPLEMENTATIONS = ("auto", "explicit", "xla", "cudnn", "splash")
+IMPLEMENTATIONS = ("auto", "explicit", "xla", "cudnn", "splash", "flash")
 # The value jax.nn.dot_product_attention's XLA path gives masked logits, so the explicit
 # and XLA paths agree exactly; finite, so fully masked rows give no NaN.
 MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -104,7 +109,14 @@ def platform() -> str:
 
 
 def choose(
-    requested: str, *, platform: str, dtype: str, head_dim: int, length: int, dropout: bool
+    requested: str,
+    *,
+    platform: str,
+    dtype: str,
+    head_dim: int,
+    length: int,
+    dropout: bool,
+    dropout_bits: int = 16,
 ) -> tuple[str, str]:
     """The path a layer takes, and why.
 
@@ -114,14 +126,17 @@ def choose(
       dtype: the compute dtype's name.
       head_dim: D. length: L.
       dropout: attention dropout is active (training with attention_dropout_rate > 0).
+      dropout_bits: `EncoderConfig.dropout_bits` (flash draws the 16-bit masks only).
     Returns:
       (one of IMPLEMENTATIONS other than "auto", a reason for the log). A fused kernel
       asked for where it cannot run (cuDNN off an sm80+ NVIDIA GPU or outside its dtypes
       and widths, splash at a length it cannot tile) falls back to "xla", saying why: a
       checkpoint's config travels to machines other than the one it was trained on.
     """
+    if requested == "flash":
+        return _choose_flash(platform, head_dim, dropout, dropout_bits)
     if dropout:
-        return "explicit", "attention dropout is on in training, and only the explicit path has it"
+        return "explicit", "attention dropout is on in training: the explicit path (or 'flash') has it"
     if requested in ("explicit", "xla"):
         return requested, "set in EncoderConfig.attention_implementation"
     if requested == "cudnn" or (requested == "auto" and platform == "cuda"):
@@ -138,6 +153,18 @@ def choose(
             return "splash", f"splash in Pallas interpret mode on {platform} (slow: for tests)"
         return "splash", f"TPU, length {length}"
     return "xla", f"no fused kernel on {platform}"
+
+
+def _choose_flash(platform: str, head_dim: int, dropout: bool, dropout_bits: int) -> tuple[str, str]:
+    fallback = "explicit" if dropout else "xla"
+    if dropout and dropout_bits != 16:
+        return fallback, "flash attention draws the 16-bit dropout masks; EncoderConfig.dropout_bits is 32"
+    if platform in ("cuda", "gpu") and (head_dim < 16 or head_dim & (head_dim - 1)):
+        return fallback, f"flash attention on GPU (Triton) needs a power-of-two head width >= 16: {head_dim}"
+    backend = flash_attention.default_backend(platform)
+    if backend == "interpret":
+        return "flash", f"flash attention in Pallas interpret mode on {platform} (slow: for tests)"
+    return "flash", f"set in EncoderConfig.attention_implementation ({backend} kernel)"
 
 
 @functools.cache
@@ -196,7 +223,11 @@ def attend(
     accumulate_f32: bool = True,
 ) -> jax.Array:
     """Attention by the path `implementation` (as `choose` returns it): [B, L, N, D] -> [B, L, N, D].
-    The dropout arguments are the explicit path's (`explicit_attention`); the others have none."""
+    The dropout arguments are the explicit path's (`explicit_attention`) and flash's (which
+    draws the 16-bit masks only); the other paths have none."""
+    if implementation == "flash" and dropout_rng is not None and not flash_attention.is_threefry(dropout_rng):
+        implementation = "explicit"
+        log_choice(implementation, "flash attention hashes threefry keys; run.dropout_prng is not threefry")
     if implementation == "explicit":
         return explicit_attention(
             query,
@@ -208,11 +239,39 @@ def attend(
             dropout_bits=dropout_bits,
             accumulate_f32=accumulate_f32,
         )
+    if implementation == "flash":
+        return flash(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
     if implementation == "cudnn":
         return cudnn_attention(query, key, value, mask)
     if implementation == "splash":
         return splash_attention(query, key, value, mask)
     return jax.nn.dot_product_attention(query, key, value, mask=mask.dense(), implementation="xla")
+
+
+def flash(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: KeyMask,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> jax.Array:
+    """Our Pallas flash attention (models/flash_attention.py) in this platform's kernel language:
+    [B, L, N, D] -> [B, L, N, D]. Without packing every query has segment id 1 (padding
+    queries attend the real tokens, as with the dense mask); keys of id 0 are padding."""
+    key_ids = mask.segment_ids()
+    query_ids = key_ids if mask.example_ids is not None else jnp.ones_like(key_ids)
+    return flash_attention.flash_attention(
+        query,
+        key,
+        value,
+        query_ids,
+        key_ids,
+        dropout_rate=dropout_rate,
+        dropout_key=dropout_rng if dropout_rate > 0.0 else None,
+        backend=flash_attention.default_backend(platform()),
+    )
 
 
 def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: KeyMask) -> jax.Array:

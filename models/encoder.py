@@ -107,8 +107,9 @@ class EncoderConfig:
       param_dtype: storage dtype of the parameters.
       attention_implementation: the attention path, one of models/attention.py's
         IMPLEMENTATIONS: "auto" (cuDNN flash attention on GPU, splash on TPU, where they
-        apply; else XLA's), "explicit", "xla", "cudnn" or "splash". Training with attention
-        dropout always takes "explicit", the only path with dropout. DeBERTa's
+        apply; else XLA's), "explicit", "xla", "cudnn", "splash" or "flash" (our Pallas
+        kernel, with attention dropout: opt-in). Training with attention dropout takes
+        "explicit" unless "flash" is set; both draw the same masks. DeBERTa's
         disentangled attention has its own path and takes "auto" only.
       matmul_accumulation: "float32" (default): every matmul takes its operands in the
         compute dtype and accumulates in float32, forward and backward (models/matmul.py);
@@ -306,6 +307,7 @@ class EncoderConfig:
             head_dim=self.head_dim,
             length=length,
             dropout=dropout and self.attention_dropout_rate > 0.0,
+            dropout_bits=self.dropout_bits,
         )
 
     @property
@@ -470,9 +472,9 @@ class SelfAttention(nn.Module):
             value,
             mask,
             dropout_rate=0.0 if deterministic else cfg.attention_dropout_rate,
-            # Only the explicit path drops anything (and asks for the "dropout" rng).
+            # Only the explicit and flash paths drop anything (and ask for the "dropout" rng).
             dropout_rng=self.make_rng("dropout")
-            if implementation == "explicit" and not deterministic
+            if implementation in ("explicit", "flash") and not deterministic
             else None,
             dropout_bits=cfg.dropout_bits,
             accumulate_f32=cfg.accumulate_f32,

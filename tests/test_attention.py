@@ -186,10 +186,10 @@ def test_configs_written_before_auto_load_as_auto():
 def test_attention_check_compares_and_times_every_path(capsys):
     """bench.attention_check, what an accelerator run calls first: here 'auto' is XLA's path."""
     argv = ["--batch=2", "--seq=128", "--heads=2", "--head_dim=32", "--dtype=float32", "--steps=1"]
-    assert attention_check.main([*argv, "--paths=auto,splash"]) == 0
+    assert attention_check.main([*argv, "--paths=auto,splash,flash+dropout"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["path"] for line in lines] == ["xla", "splash", "explicit+dropout"]
-    for line in lines[:2]:
+    assert [line["path"] for line in lines] == ["xla", "splash", "flash+dropout", "explicit+dropout"]
+    for line in lines[:3]:  # flash+dropout against the explicit path with the same dropout
         for rows in ("padded", "packed"):
             errors = line[rows]["relative_error"]
             assert set(errors) == {"out", "dq", "dk", "dv"} and max(errors.values()) < 2e-5

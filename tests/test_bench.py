@@ -339,6 +339,7 @@ def test_suite_measures_every_member_in_one_process():
         "bert_base_128": "MaskedLM",
         "bert_large_512": "MaskedLM",
         "bert_large_512_no_attention_dropout": "MaskedLM",
+        "bert_large_512_flash": "MaskedLM",
         "roberta_large_512": "MaskedLM",
         "albert_xxlarge_512": "MaskedLM",
         "electra_base_512": "ElectraRTD",
@@ -354,6 +355,7 @@ def test_suite_measures_every_member_in_one_process():
     assert "| bert_large_512 | 2 x 32 | explicit, dropout 0.1 |" in out
     # Without attention dropout 'auto' takes the platform's kernel: XLA's on a CPU.
     assert "| bert_large_512_no_attention_dropout | 2 x 32 | xla |" in out
+    assert "| bert_large_512_flash | 2 x 32 | flash, dropout 0.1 |" in out
     assert "| deberta_v3_base_512 | 2 x 32 | disentangled, dropout 0.1 |" in out
 
 

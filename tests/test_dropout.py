@@ -28,10 +28,12 @@ def test_keep_rate_and_independence(shape, rate):
     p = dropout.keep_probability(rate)
     sigma = np.sqrt(p * (1 - p) / keep.size)
     assert abs(keep.mean() - p) < 5 * sigma
-    # The four quarters of one random block (elements 4j..4j+3) are independent: every
-    # pair of them is dropped together as often as rate squared.
+    # The four quarters of one random block (elements j, W + j, 2W + j, 3W + j with
+    # W = ceil(n / 4)) are independent: every pair of them is dropped together as often as
+    # rate squared.
     q = 1 - p
-    columns = [keep[:, offset::4] for offset in range(4)]
+    words = -(-shape[1] // 4)
+    columns = [keep[:, quarter * words : (quarter + 1) * words] for quarter in range(4)]
     width = min(c.shape[1] for c in columns)
     for a in range(4):
         for b in range(a + 1, 4):
@@ -120,3 +122,14 @@ def test_module_draws_from_the_dropout_stream_and_is_identity_when_deterministic
     assert 0 < np.mean(np.asarray(dropped) == 0) < 0.3
     with pytest.raises(flax.errors.InvalidRngError):
         layer.apply({}, x, deterministic=False)
+
+
+def test_integer_threefry_is_jaxs():
+    """The kernels' threefry2x32 (int32 adds, shifts and xors) gives JAX's bits."""
+    from jax.extend.random import threefry2x32_p
+
+    words = np.random.default_rng(0).integers(0, 2**32, size=(4, 4096), dtype=np.uint32)
+    expected = threefry2x32_p.bind(*map(jnp.asarray, words))
+    got = dropout.threefry2x32(*jax.lax.bitcast_convert_type(jnp.asarray(words), jnp.int32))
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(jax.lax.bitcast_convert_type(a, jnp.uint32), b)

@@ -42,7 +42,7 @@ def tiny():
         ({"hidden_act": "swish"}, "hidden_act"),
         ({"dtype": "float8"}, "dtype"),
         ({"param_dtype": "int8"}, "param_dtype"),
-        ({"attention_implementation": "flash"}, "attention_implementation"),
+        ({"attention_implementation": "fused"}, "attention_implementation"),
         ({"dropout_rate": 1.0}, "dropout_rate"),
         ({"dropout_bits": 8}, "dropout_bits"),
         ({"num_layers": 0}, "num_layers"),

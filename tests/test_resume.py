@@ -2,7 +2,7 @@
 checkpoint in its middle ends with the same parameters (params_sha256) as the run that never
 stopped, so the restored state, data position and every random stream (dropout with either
 PRNG; ELECTRA's and DeBERTa-v3's masking and sampling; SpanBERT's span masking) continue
-exactly.
+exactly, the flash kernel's attention dropout included.
 
 Each case trains 10 steps with checkpoints at 5 and 10, removes checkpoint 10 (what a
 preemption after step 9 leaves), and runs the same command again: it resumes from step 5.
@@ -38,6 +38,12 @@ DEBERTA = dataclasses.replace(
 CASES = {
     "mlm_threefry": ("synthetic_shards", {}, ("mlm_accuracy", "sentence_accuracy")),
     "mlm_rbg": ("synthetic_shards", {"dropout_prng": "rbg"}, ("mlm_accuracy", "sentence_accuracy")),
+    # Attention dropout drawn inside the flash kernel (Pallas interpret mode here).
+    "mlm_flash": (
+        "synthetic_shards",
+        {"model_config": dataclasses.replace(tiny.TINY, attention_implementation="flash")},
+        ("mlm_accuracy", "sentence_accuracy"),
+    ),
     "electra": (
         "synthetic_shards",
         {

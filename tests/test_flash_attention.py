@@ -1,0 +1,260 @@
+"""Flash attention with dropout (models/flash_attention.py), in Pallas interpret mode here: it
+equals the explicit path with the same dropout masks (outputs and gradients; padded, packed
+and odd-length rows; float32 and bf16), its masks are models/dropout.py's whatever the tiling
+and pass, it trains as the explicit path does on a mesh, and it lowers for TPU and GPU."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from core import sharding
+from data.pipeline_config import PipelineConfig
+from models import attention, dropout, flash_attention
+from models.attention import KeyMask
+from pretrain.objectives import MaskedLM
+from tests import mesh_training
+
+KEY = jax.random.key(5)
+B, N = 2, 3
+
+
+def _rows(length: int, head_dim: int, dtype, seed: int = 0):
+    """q, k, v [B, length, N, head_dim] and a KeyMask: row 0 padded at the end, row 1 two
+    packed examples then padding (example_ids set)."""
+    rs = np.random.RandomState(seed)
+    q, k, v = (jnp.asarray(rs.normal(size=(B, length, N, head_dim)), dtype) for _ in range(3))
+    input_mask = np.ones((B, length), np.int32)
+    input_mask[0, length - length // 3 :] = 0
+    input_mask[1, length - 5 :] = 0
+    example_ids = np.where(np.arange(length) < length // 2, 1, 2)[None].repeat(B, 0) * input_mask
+    return q, k, v, KeyMask(jnp.asarray(input_mask), jnp.asarray(example_ids))
+
+
+def _explicit(q, k, v, mask, rate):
+    return attention.explicit_attention(q, k, v, mask.dense(), dropout_rate=rate, dropout_rng=KEY)
+
+
+def _flash(q, k, v, mask, rate, blocks=(None, None), key=KEY):
+    key_ids = mask.segment_ids()
+    query_ids = key_ids if mask.example_ids is not None else jnp.ones_like(key_ids)
+    return flash_attention.flash_attention(
+        q,
+        k,
+        v,
+        query_ids,
+        key_ids,
+        dropout_rate=rate,
+        dropout_key=key if rate else None,
+        block_q=blocks[0],
+        block_k=blocks[1],
+    )
+
+
+def _value_and_grads(fn, q, k, v, mask):
+    """fn's output, and the gradients of q, k, v of a loss reading real tokens only."""
+    real = mask.input_mask.astype(bool)[:, :, None, None]
+    weights = jnp.asarray(np.random.RandomState(1).normal(size=q.shape), jnp.float32)
+
+    def loss(q, k, v):
+        return jnp.sum(jnp.where(real, fn(q, k, v).astype(jnp.float32) * weights, 0.0))
+
+    return fn(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.mark.parametrize(
+    "length, dtype, packed, rate, atol",
+    [
+        (37, jnp.float32, True, 0.1, 2e-6),  # odd length, packed rows, dropout: several tiles
+        (24, jnp.float32, False, 0.0, 2e-6),
+        (37, jnp.bfloat16, False, 0.1, 3e-2),
+    ],
+    ids=["f32-packed-dropout", "f32-padded", "bf16-padded-dropout"],
+)
+def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, rate, atol):
+    q, k, v, mask = _rows(length, 16, dtype)
+    if not packed:
+        mask = KeyMask(mask.input_mask)
+    flash = jax.jit(functools.partial(_value_and_grads, lambda q, k, v: _flash(q, k, v, mask, rate, (8, 8))))
+    explicit = jax.jit(functools.partial(_value_and_grads, lambda q, k, v: _explicit(q, k, v, mask, rate)))
+    (out, grads), (expected, expected_grads) = flash(q, k, v, mask), explicit(q, k, v, mask)
+    assert out.dtype == dtype and out.shape == q.shape
+    real = np.asarray(mask.input_mask, bool)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32)[real], np.asarray(expected, np.float32)[real], atol=atol, rtol=atol
+    )
+    for name, a, b in zip("qkv", grads, expected_grads):
+        scale = np.abs(np.asarray(b, np.float32)).max()
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), atol=atol * scale * 4, err_msg=name
+        )
+    if packed:
+        # No attention across examples: moving the second example's keys and values leaves the
+        # first example's outputs as they were, and changes the second's.
+        first = (np.arange(length) < length // 2)[None, :, None, None]
+        moved_k, moved_v = (jnp.where(first, x, 3.0 * x + 1.0) for x in (k, v))
+        moved = flash(q, moved_k, moved_v, mask)[0]
+        np.testing.assert_array_equal(np.asarray(moved)[1, : length // 2], np.asarray(out)[1, : length // 2])
+        assert not np.allclose(np.asarray(moved)[1, length // 2 : -5], np.asarray(out)[1, length // 2 : -5])
+
+
+M = 64  # the mask tests' length and head width: values one-hot over the keys
+
+
+@functools.partial(jax.jit, static_argnames="blocks")
+def _kernel_masks(key, blocks):
+    """The kernel's keep masks [B, N, M, M], read from its forward pass and from its dk/dv pass.
+
+    With q = 0 every key gets probability 1/M; with v[s] = e_s the output's column s is the
+    dropped probability of key s, and with do[t] = e_t the gradient dv[s, t] is that of
+    (query t, key s) again, from the backward kernel's own hash.
+    """
+    q = jnp.zeros((B, M, N, M), jnp.float32)
+    onehot = jnp.broadcast_to(jnp.eye(M, dtype=jnp.float32)[None, :, None, :], q.shape)
+    mask = KeyMask(jnp.ones((B, M), jnp.int32))
+    out, pullback = jax.vjp(lambda v: _flash(q, q, v, mask, 0.5, blocks, key), onehot)
+    (dv,) = pullback(onehot)
+    return jnp.swapaxes(out, 1, 2) > 0, jnp.einsum("bsnt->bnts", dv) > 0
+
+
+def test_masks_are_the_explicit_paths_in_both_passes_and_every_tiling():
+    expected = np.asarray(dropout.keep_mask(KEY, 0.5, (B, N, M, M)))
+    for blocks in ((8, 8), (16, 8), (32, 16)):
+        forward, backward = _kernel_masks(KEY, blocks)
+        np.testing.assert_array_equal(forward, expected, err_msg=str(blocks))
+        np.testing.assert_array_equal(backward, expected, err_msg=str(blocks))
+    # The statistics of the kernel's masks: keep rate within binomial bounds, and no
+    # dependence between heads, rows or steps (another step's key).
+    p = dropout.keep_probability(0.5)
+    assert abs(expected.mean() - p) < 5 * np.sqrt(p * (1 - p) / expected.size)
+    other_step = np.asarray(_kernel_masks(jax.random.fold_in(KEY, 1), (16, 8))[0])
+    pairs = {
+        "heads": (expected[:, 0], expected[:, 1]),
+        "rows": (expected[0], expected[1]),
+        "steps": (expected, other_step),
+    }
+    for name, (a, b) in pairs.items():
+        both = np.mean(a & b)
+        assert abs(both - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / a.size), name
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_lowers_for_tpu_and_gpu(platform, head_dim):
+    """Forward and backward, bf16, with dropout and segment ids, at length 512, compiled by
+    Mosaic (TPU) or Triton (GPU) rather than interpreted: the kernel languages' constraints
+    fail here, not on a pod. (Lowering only: the kernels' compilation runs on the device.)"""
+    backend = flash_attention.default_backend(platform)
+    shape = jax.ShapeDtypeStruct((2, 512, 4, head_dim), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((2, 512), jnp.int32)
+
+    def loss(q, k, v, query_ids, key_ids):
+        out = flash_attention.flash_attention(
+            q, k, v, query_ids, key_ids, dropout_rate=0.1, dropout_key=KEY, backend=backend
+        )
+        return out.astype(jnp.float32).sum()
+
+    checks = (
+        [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")] if platform == "cuda" else []
+    )
+    exported = jax.export.export(
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=[platform], disabled_checks=checks
+    )(shape, shape, shape, ids, ids)
+    module = exported.mlir_module()
+    kernels = module.count("tpu_custom_call" if platform == "tpu" else "xla.gpu.triton")
+    assert kernels >= 3, module[:2000]  # forward, dk/dv, dq
+
+
+def test_bad_settings_are_clear_errors():
+    q, k, v, mask = _rows(8, 4, jnp.float32)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        flash_attention.flash_attention(q, k, v, mask.segment_ids(), mask.segment_ids(), backend="cuda")
+    with pytest.raises(ValueError, match="draws its dropout with threefry"):
+        _flash(q, k, v, mask, 0.1, key=jax.random.key(0, impl="rbg"))
+    with pytest.raises(ValueError, match="drops everything"):
+        _flash(q, k, v, mask, 1.0)
+
+
+def test_a_non_threefry_dropout_key_takes_the_explicit_path(caplog):
+    """run.dropout_prng = 'rbg' with 'flash': the explicit path (rbg's masks), saying why."""
+    q, k, v, mask = _rows(8, 4, jnp.float32)
+    rbg = jax.random.key(0, impl="rbg")
+    attention.log_choice.cache_clear()
+    with caplog.at_level("INFO", logger="models.attention"):
+        out = attention.attend("flash", q, k, v, mask, dropout_rate=0.1, dropout_rng=rbg)
+    expected = attention.explicit_attention(q, k, v, mask.dense(), dropout_rate=0.1, dropout_rng=rbg)
+    np.testing.assert_array_equal(out, expected)
+    assert any("flash attention hashes threefry keys" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize(
+    "platform, head_dim, dropout_bits, dropout, expected",
+    [
+        ("cpu", 16, 16, True, "flash"),
+        ("tpu", 64, 16, True, "flash"),
+        ("cuda", 64, 16, True, "flash"),
+        ("cuda", 48, 16, True, "explicit"),  # Triton tiles are powers of two
+        ("tpu", 64, 32, True, "explicit"),  # flax's 32-bit masks: the explicit path only
+        ("tpu", 64, 32, False, "flash"),
+    ],
+)
+def test_flash_is_chosen_only_when_asked_and_able(platform, head_dim, dropout_bits, dropout, expected):
+    chosen, reason = attention.choose(
+        "flash",
+        platform=platform,
+        dtype="bfloat16",
+        head_dim=head_dim,
+        length=512,
+        dropout=dropout,
+        dropout_bits=dropout_bits,
+    )
+    assert chosen == expected, reason
+    # 'auto' does not pick it (opt-in until measured faster on an accelerator).
+    auto, _ = attention.choose(
+        "auto", platform=platform, dtype="bfloat16", head_dim=64, length=512, dropout=dropout
+    )
+    assert auto != "flash"
+
+
+FLASH = dataclasses.replace(
+    mesh_training.SHARDABLE, attention_dropout_rate=0.1, attention_implementation="flash"
+)
+
+
+def _objective(config):
+    pipeline = PipelineConfig(max_seq_length=mesh_training.L, max_predictions_per_seq=mesh_training.P)
+    return lambda: MaskedLM(config, pipeline)
+
+
+@pytest.mark.slow(30)
+def test_trains_as_the_explicit_path_on_a_mesh():
+    """MaskedLM with attention dropout: 'flash' on a data x fsdp x tensor mesh (the kernel in
+    shard_map, each shard's dropout counters offset to its rows and heads) and under full
+    rematerialisation (the forward pass run again in the backward) gives one device's
+    'explicit' losses and parameters: the same masks, drawn in the kernel."""
+    batches = mesh_training.mlm_batches(2)
+    one = sharding.make_mesh(None, jax.devices()[:1])
+    explicit = dataclasses.replace(FLASH, attention_implementation="explicit")
+    state, losses = mesh_training.train(one, batches, _objective(explicit)())
+    flash_state, flash_losses = mesh_training.train(
+        sharding.make_mesh("data:2,fsdp:2,tensor:2"),
+        batches,
+        _objective(dataclasses.replace(FLASH, remat_policy="full"))(),
+    )
+    np.testing.assert_allclose(flash_losses, losses, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        jax.device_get(flash_state.params),
+        jax.device_get(state.params),
+    )
+
+
+@pytest.mark.slow(30)
+def test_microbatches_and_mesh_without_dropout_equal_one_device():
+    """k microbatches equal one batch with the kernel (dropout off: under microbatching each
+    microbatch draws its dropout from its own key, on every path: docs/performance.md)."""
+    config = dataclasses.replace(FLASH, attention_dropout_rate=0.0)
+    mesh_training.assert_layouts_equal_one_device(_objective(config), mesh_training.mlm_batches(2))
