@@ -71,10 +71,14 @@ class KeyMask:
       input_mask: [B, L] int, 1 for real tokens, 0 for padding (at the end of the row).
       example_ids: [B, L] int, the packed example of each token (1..k, 0 = pad), or
         None without packing; tokens then attend only within their own example.
+      row_index: [B] int32, each row's place in the global batch (the step's `row_index`),
+        or None = 0..B-1: the attention dropout's row counter, so that a microbatch draws
+        the whole batch's masks at its rows.
     """
 
     input_mask: jax.Array
     example_ids: jax.Array | None = None
+    row_index: jax.Array | None = None
 
     def dense(self) -> jax.Array:
         """[B, 1, 1, L] bool without packing, [B, 1, L, L] with it; True = may attend."""
@@ -167,6 +171,19 @@ def _choose_flash(platform: str, head_dim: int, dropout: bool, dropout_bits: int
     return "flash", f"set in EncoderConfig.attention_implementation ({backend} kernel)"
 
 
+#: The rng stream of the attention probabilities' dropout: the train step gives every
+#: microbatch the same key for it (pretrain/step.py), and `KeyMask.row_index` the rows' places,
+#: so a microbatch draws the whole batch's masks. Callers without it (fine-tuning, tools)
+#: draw from "dropout".
+ATTENTION_DROPOUT = "attention_dropout"
+
+
+def attention_dropout_key(module: nn.Module) -> jax.Array:
+    """The key of `module`'s attention dropout: from the ATTENTION_DROPOUT stream if the
+    caller gives one, else from "dropout"."""
+    return module.make_rng(ATTENTION_DROPOUT if module.has_rng(ATTENTION_DROPOUT) else "dropout")
+
+
 @functools.cache
 def log_choice(implementation: str, reason: str) -> None:
     """Logs each distinct decision once per process (a step is traced more than once)."""
@@ -182,6 +199,7 @@ def explicit_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     dropout_bits: int = 16,
+    dropout_rows: jax.Array | None = None,
     accumulate_f32: bool = True,
 ) -> jax.Array:
     """Softmax attention written out step by step, with dropout on the probabilities.
@@ -197,6 +215,7 @@ def explicit_attention(
       dropout_rate: probability of dropping an attention probability.
       dropout_rng: PRNG key for the dropout; None = no dropout.
       dropout_bits: random bits per mask element (`EncoderConfig.dropout_bits`).
+      dropout_rows: [B] int32, the rows' places in the global batch (`KeyMask.row_index`).
       accumulate_f32: `EncoderConfig.matmul_accumulation == "float32"` (models/matmul.py).
     Returns:
       [B, L, N, D] in value's dtype.
@@ -206,7 +225,7 @@ def explicit_attention(
     logits = dot("btnd,bsnd->bnts", query, key).astype(jnp.float32) * scale
     probs = jax.nn.softmax(jnp.where(mask, logits, MASKED_LOGIT), axis=-1)
     if dropout_rng is not None and dropout_rate > 0.0:
-        probs = dropout(probs, dropout_rate, dropout_rng, bits=dropout_bits)
+        probs = dropout(probs, dropout_rate, dropout_rng, bits=dropout_bits, rows=dropout_rows)
     return dot("bnts,bsnd->btnd", probs, value).astype(value.dtype)
 
 
@@ -237,6 +256,7 @@ def attend(
             dropout_rate=dropout_rate,
             dropout_rng=dropout_rng,
             dropout_bits=dropout_bits,
+            dropout_rows=mask.row_index,
             accumulate_f32=accumulate_f32,
         )
     if implementation == "flash":
@@ -270,6 +290,7 @@ def flash(
         key_ids,
         dropout_rate=dropout_rate,
         dropout_key=dropout_rng if dropout_rate > 0.0 else None,
+        rows=mask.row_index,
         backend=flash_attention.default_backend(platform()),
     )
 

@@ -50,7 +50,7 @@ import numpy as np
 from core import axes
 from core.errors import ConfigError
 from models import matmul
-from models.attention import MASKED_LOGIT
+from models.attention import MASKED_LOGIT, attention_dropout_key
 from models.disentangled import relative_index
 from models.dropout import Dropout, dropout
 from models.encoder import (
@@ -152,6 +152,7 @@ class DisentangledSelfAttention(nn.Module):
         rel_embeddings: jax.Array,
         *,
         deterministic: bool,
+        rows: jax.Array | None = None,
     ) -> jax.Array:
         """Attention of `query_states` over `hidden`.
 
@@ -188,7 +189,11 @@ class DisentangledSelfAttention(nn.Module):
         probs = jnp.where(mask, probs, 0.0)
         if not deterministic and cfg.attention_dropout_rate > 0.0:
             probs = dropout(
-                probs, cfg.attention_dropout_rate, self.make_rng("dropout"), bits=cfg.dropout_bits
+                probs,
+                cfg.attention_dropout_rate,
+                attention_dropout_key(self),
+                bits=cfg.dropout_bits,
+                rows=rows,
             )
         context = matmul.einsum(
             "bnqk,bknd->bqnd", probs, value, cfg.compute_dtype, accumulate_f32=cfg.accumulate_f32
@@ -212,6 +217,7 @@ class DebertaLayer(TransformerLayer):
         rel_index: jax.Array,
         rel_embeddings: jax.Array,
         deterministic: bool,
+        rows: jax.Array | None = None,
         query_states: jax.Array | None = None,
     ) -> jax.Array:
         """hidden: [B, K, H]; query_states: [B, Q, H] or None (= hidden); the rest as
@@ -219,7 +225,7 @@ class DebertaLayer(TransformerLayer):
         positional so that nn.remat can mark it static."""
         queries = hidden if query_states is None else query_states
         attended = self.attention(
-            hidden, queries, mask, rel_index, rel_embeddings, deterministic=deterministic
+            hidden, queries, mask, rel_index, rel_embeddings, deterministic=deterministic, rows=rows
         )
         attended = self.dropout(attended, deterministic=deterministic)
         x = constrain_hidden(add_and_normalize(self.config, self.attention_layer_norm, queries, attended))
@@ -233,9 +239,10 @@ def _layer_call(
     rel_index: jax.Array,
     rel_embeddings: jax.Array,
     deterministic: bool,
+    rows: jax.Array | None,
 ) -> jax.Array:
     # A function of the layer, so that nn.remat can lift it (deterministic: static).
-    return layer(hidden, mask, rel_index, rel_embeddings, deterministic)
+    return layer(hidden, mask, rel_index, rel_embeddings, deterministic, rows)
 
 
 class DebertaEmbeddings(nn.Module):
@@ -390,6 +397,7 @@ class DebertaEncoder(nn.Module):
         example_ids: jax.Array | None = None,
         *,
         deterministic: bool,
+        row_index: jax.Array | None = None,
         emd_positions: jax.Array | None = None,
         shared_word_table: jax.Array | None = None,
     ) -> EncoderOutput:
@@ -403,6 +411,8 @@ class DebertaEncoder(nn.Module):
             each example as if alone.
           example_ids: [B, L] int32 packed-example ids (0 = pad), or None.
           deterministic: False in training (dropout).
+          row_index: [B] int32, the rows' places in the global batch (the attention
+            dropout's row counter, as in models/encoder.py's Encoder), or None.
           emd_positions: [B, P] int32: also run the enhanced mask decoder at these
             positions (`EncoderOutput.masked_states`); needs E = H and no position-biased
             input (the original runs it only then). Its keys and values are the last
@@ -447,7 +457,7 @@ class DebertaEncoder(nn.Module):
         embedded, penultimate = x, x
         for i, layer in enumerate(layers):
             penultimate = x
-            x = layer_fn(layer, x, mask, rel_index, rel, deterministic)
+            x = layer_fn(layer, x, mask, rel_index, rel, deterministic, row_index)
             if i == 0 and opts.conv_kernel_size:
                 x = ConvLayer(cfg, name="conv")(
                     embedded, x, input_mask, example_ids, deterministic=deterministic
@@ -465,6 +475,7 @@ class DebertaEncoder(nn.Module):
                 positions,
                 rel,
                 deterministic,
+                row_index,
             )
         return EncoderOutput(
             sequence_output=x,
@@ -505,6 +516,7 @@ def _enhanced_mask_decoder(
     positions: jax.Array,
     rel: jax.Array,
     deterministic: bool,
+    rows: jax.Array | None,
 ) -> jax.Array:
     """DeBERTa's enhanced mask decoder at the P masked rows (the original's
     apps/models/masked_language_model.py EnhancedMaskDecoder, two steps): the last layer
@@ -528,7 +540,7 @@ def _enhanced_mask_decoder(
         positions,
     )
     for _ in range(2):
-        query = last_layer(penultimate, mask, rel_index, rel, deterministic, query_states=query)
+        query = last_layer(penultimate, mask, rel_index, rel, deterministic, rows, query_states=query)
     return query
 
 

@@ -95,12 +95,13 @@ def quarters(y1: jax.Array, y2: jax.Array) -> tuple[jax.Array, ...]:
     )
 
 
-def _threefry_keep(rng: jax.Array, threshold: int, shape: tuple[int, ...]) -> jax.Array:
+def _threefry_keep(
+    rng: jax.Array, threshold: int, shape: tuple[int, ...], rows: jax.Array | None = None
+) -> jax.Array:
     """bool [*shape]: each element's 16 random bits >= threshold, four elements per
-    threefry2x32 block (the module docstring's layout)."""
+    threefry2x32 block (the module docstring's layout); `rows` as in `keep_mask`."""
     *lead, last = shape
-    rows = math.prod(lead)
-    if rows >= 2**32:
+    if math.prod(lead) >= 2**32:
         raise ValueError(
             f"dropout mask {shape}: 2**32 rows or more do not fit the 16-bit masks' row counter; "
             "set EncoderConfig.dropout_bits = 32"
@@ -110,7 +111,11 @@ def _threefry_keep(rng: jax.Array, threshold: int, shape: tuple[int, ...]) -> ja
     row = jnp.zeros(grid, jnp.uint32)
     for axis in range(len(lead)):
         stride = jnp.uint32(math.prod(lead[axis + 1 :]))
-        row = row + jax.lax.broadcasted_iota(jnp.uint32, grid, axis) * stride
+        if axis == 0 and rows is not None:
+            index = jnp.asarray(rows, jnp.uint32).reshape(-1, *[1] * len(lead))
+        else:
+            index = jax.lax.broadcasted_iota(jnp.uint32, grid, axis)
+        row = row + index * stride
     column = jax.lax.broadcasted_iota(jnp.uint32, grid, len(lead))
     k1, k2 = jax.random.key_data(rng)
     y1, y2 = threefry2x32_p.bind(k1, k2, row, column)
@@ -120,11 +125,17 @@ def _threefry_keep(rng: jax.Array, threshold: int, shape: tuple[int, ...]) -> ja
     return jnp.concatenate(keep, axis=-1)[..., :last]
 
 
-def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...], bits: int = 16) -> jax.Array:
+def keep_mask(
+    rng: jax.Array, rate: float, shape: tuple[int, ...], bits: int = 16, rows: jax.Array | None = None
+) -> jax.Array:
     """bool [*shape], True with probability `keep_probability(rate, bits)`, from `bits`
     random bits each (32: jax.random.bernoulli, as flax's nn.Dropout).
 
-    rng: one typed key (`jax.random.key`) or one raw uint32[2] threefry key."""
+    rng: one typed key (`jax.random.key`) or one raw uint32[2] threefry key.
+    rows: [shape[0]] int, the first axis's indices in the row counter (default 0..shape[0]-1):
+      the places of a microbatch's rows in the global batch, so that the 16-bit threefry
+      masks of a microbatch are the whole batch's masks at those rows. Other masks (32 bits,
+      rbg keys) have no row counter and ignore it."""
     _check_bits(bits)
     if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
         rng = jax.random.wrap_key_data(rng)
@@ -133,17 +144,19 @@ def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...], bits: int = 1
     if bits == 32:
         return jax.random.bernoulli(rng, 1.0 - rate, shape)
     if shape and str(jax.random.key_impl(rng)) == "threefry2x32":
-        return _threefry_keep(rng, _threshold(rate), tuple(shape))
+        return _threefry_keep(rng, _threshold(rate), tuple(shape), rows)
     return jax.random.bits(rng, shape, jnp.uint16) >= _threshold(rate)
 
 
-def dropout(x: jax.Array, rate: float, rng: jax.Array, bits: int = 16) -> jax.Array:
+def dropout(
+    x: jax.Array, rate: float, rng: jax.Array, bits: int = 16, rows: jax.Array | None = None
+) -> jax.Array:
     """Inverted dropout of `x` (any shape and dtype): dropped elements 0, kept ones / keep
-    probability, in x's dtype."""
+    probability, in x's dtype. `rows`: see `keep_mask`."""
     keep_prob = keep_probability(rate, bits)
     if keep_prob == 0.0:  # everything dropped (and no 0 / 0 in the gradient), as flax
         return jnp.zeros_like(x)
-    keep = keep_mask(rng, rate, x.shape, bits)
+    keep = keep_mask(rng, rate, x.shape, bits, rows)
     return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
 
 

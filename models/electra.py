@@ -137,6 +137,7 @@ def encoder_inputs(batch: Mapping[str, jax.Array], deterministic: bool) -> dict:
         positions=batch.get("positions"),
         example_ids=batch.get("example_ids"),
         deterministic=deterministic,
+        row_index=batch.get("row_index"),
     )
 
 

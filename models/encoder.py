@@ -54,9 +54,11 @@ from core import axes
 from core.errors import ConfigError
 from models import matmul
 from models.attention import (
+    ATTENTION_DROPOUT,
     IMPLEMENTATIONS,
     KeyMask,
     attend,
+    attention_dropout_key,
     choose,
     log_choice,
 )
@@ -473,7 +475,7 @@ class SelfAttention(nn.Module):
             mask,
             dropout_rate=0.0 if deterministic else cfg.attention_dropout_rate,
             # Only the explicit and flash paths drop anything (and ask for the "dropout" rng).
-            dropout_rng=self.make_rng("dropout")
+            dropout_rng=attention_dropout_key(self)
             if implementation in ("explicit", "flash") and not deterministic
             else None,
             dropout_bits=cfg.dropout_bits,
@@ -647,6 +649,7 @@ class Encoder(nn.Module):
         example_ids: jax.Array | None = None,
         *,
         deterministic: bool,
+        row_index: jax.Array | None = None,
         embedded: tuple[jax.Array, jax.Array] | None = None,
         embeddings_only: bool = False,
     ) -> EncoderOutput:
@@ -659,7 +662,10 @@ class Encoder(nn.Module):
           positions: [B, L] int32 position ids counting from 0 (`position_offset` is
             added in the embeddings); default 0..L-1 in every row.
           example_ids: [B, L] int32 packed-example ids (0 = pad), or None without packing.
-          deterministic: False in training: enables dropout (rng collection "dropout").
+          deterministic: False in training: enables dropout (rng collection "dropout"; the
+            attention probabilities' from "attention_dropout" where given).
+          row_index: [B] int32, the rows' places in the global batch (the train step's), or
+            None = 0..B-1: the attention dropout's row counter (`KeyMask.row_index`).
           embedded: another encoder's embedding block output (its `embeddings_only`
             call: the [B, L, E] embeddings and the [padded V, E] table) used instead of
             an embedding block of this encoder's own, which it then does not have:
@@ -685,7 +691,7 @@ class Encoder(nn.Module):
             # We follow the original, so E = H (the E = 768 ablation arm) is plain BERT.
             x = dense(cfg, cfg.hidden_size, (axes.FACTORIZED, axes.EMBED), name="embedding_projection")(x)
             x = constrain_hidden(x)
-        mask = KeyMask(input_mask, example_ids)
+        mask = KeyMask(input_mask, example_ids, row_index)
 
         whole_layer, attention_block, ffn_block = _whole_layer, _attention_block, _ffn_block
         if cfg.remat_policy != "none":
@@ -722,7 +728,7 @@ class Encoder(nn.Module):
         The parameter tree stays `layer_{i}` (or `shared_layer`), which checkpoints and
         conversions read; the layers' parameters are stacked inside the step, a copy of
         the encoder's parameters per step (and its transpose in the backward pass). Layer
-        i's dropout key is fold_in(the encoder's dropout key, i), so the masks are not
+        i's dropout keys are fold_in(the encoder's keys, i), so the masks are not
         those of the unrolled loop; without dropout both give the same numbers.
         """
         cfg = self.config
@@ -733,14 +739,18 @@ class Encoder(nn.Module):
         else:
             layers = [params[f"layer_{i}"] for i in range(cfg.num_layers)]
             xs = (jax.tree.map(lambda *ps: jnp.stack(ps), *layers), indices)
-        key = None if deterministic else self.make_rng("dropout")
+        keys = {}
+        if not deterministic:
+            keys = {"dropout": self.make_rng("dropout")}
+            if self.has_rng(ATTENTION_DROPOUT):
+                keys[ATTENTION_DROPOUT] = self.make_rng(ATTENTION_DROPOUT)
         layer = TransformerLayer(cfg, parent=None)
 
         def body(x, inputs):
             layer_params, index = inputs
             if layer_params is None:
                 layer_params = params["shared_layer"]
-            rngs = {} if key is None else {"dropout": jax.random.fold_in(key, index)}
+            rngs = {name: jax.random.fold_in(key, index) for name, key in keys.items()}
             return layer.apply({"params": layer_params}, x, mask, deterministic, rngs=rngs), None
 
         if cfg.remat_policy != "none":

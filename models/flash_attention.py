@@ -11,7 +11,7 @@ mask of the [B, N, L, L] probabilities that the explicit path (models/attention.
 the same key: the keep bit of (row b, head h, query t, key s) is 16 bits of the Threefry-2x32
 block hashing the counter ((b * N + h) * L + t, s mod W), quarter s // W, with W = ceil(L / 4).
 So the mask is a function of the key and those four indices only: whatever the tiling, the
-mesh (a shard adds its offset to b and h) or the pass (the backward pass hashes the same
+mesh (a shard's rows and heads keep their global indices) or the pass (the backward pass hashes the same
 counters again instead of storing the mask), and a resumed run draws what the uninterrupted
 run drew. Switching a run between 'explicit' and 'flash' changes float rounding, not the
 dropout. The cost is the hash: 20 rounds of integer adds, rotations and xors per four
@@ -399,7 +399,7 @@ def flash_attention_heads_first(
     *,
     dropout_rate: float = 0.0,
     dropout_key: jax.Array | None = None,
-    row_offset: jax.Array | int = 0,
+    rows: jax.Array | None = None,
     head_offset: jax.Array | int = 0,
     total_heads: int | None = None,
     backend: str = "interpret",
@@ -413,8 +413,9 @@ def flash_attention_heads_first(
         of id 0 are padding and never attended).
       dropout_rate: the probability of dropping an attention probability.
       dropout_key: a threefry key (typed or raw uint32[2]); None = no dropout.
-      row_offset, head_offset: this shard's first row and head in the global batch, and
-      total_heads: the global head count (default N): the dropout counters are global.
+      rows: [B] int32, each row's place in the global batch (default 0..B-1), head_offset:
+        this shard's first head, and total_heads: the global head count (default N): the
+        dropout counters are global.
       backend: one of BACKENDS. block_q, block_k: tile sizes (default: by backend).
     """
     if backend not in BACKENDS:
@@ -439,7 +440,7 @@ def flash_attention_heads_first(
         key_words = jnp.zeros((1, 2), jnp.int32)
     else:
         key_words = _key_words(dropout_key)
-    rows = (jnp.arange(b, dtype=jnp.int32) + row_offset)[:, None]
+    rows = (jnp.arange(b, dtype=jnp.int32) if rows is None else rows.astype(jnp.int32))[:, None]
     heads = (jnp.arange(n, dtype=jnp.int32) + head_offset)[None, :]
     row_base = (rows * total_heads + heads) * length  # int32, wraps as the uint32 counter does
 
@@ -490,6 +491,7 @@ def flash_attention(
     *,
     dropout_rate: float = 0.0,
     dropout_key: jax.Array | None = None,
+    rows: jax.Array | None = None,
     backend: str = "interpret",
     block_q: int | None = None,
     block_k: int | None = None,
@@ -500,11 +502,12 @@ def flash_attention(
       query_ids, key_ids: [B, L] int segment ids (see `flash_attention_heads_first`).
       dropout_rate, dropout_key: attention dropout (16-bit masks of models/dropout.py over the
         [B, N, L, L] probabilities); dropout_key None = none.
+      rows: [B] int32, the rows' places in the global batch (a microbatch's), default 0..B-1.
       backend, block_q, block_k: see `flash_attention_heads_first`.
 
     Under a mesh (jax.set_mesh) the kernel runs per shard in shard_map over rows and heads as
     the logical-axis rules place them (a pallas_call is opaque to XLA's partitioner), each
-    shard's dropout counters offset to its place in the global batch.
+    shard's dropout counters those of its rows and heads in the global batch.
     """
     b, length, n, _ = query.shape
     if dropout_key is not None and b * n * length >= 2**32:
@@ -517,14 +520,16 @@ def flash_attention(
         dropout_rate=dropout_rate, dropout_key=dropout_key, backend=backend, block_q=block_q, block_k=block_k
     )
 
-    def attend(q, k, v, q_ids, kv_ids, row_offset=0, head_offset=0):
+    rows = jnp.arange(b, dtype=jnp.int32) if rows is None else rows
+
+    def attend(q, k, v, q_ids, kv_ids, rows, head_offset=0):
         out = flash_attention_heads_first(
             to_heads_first(q),
             to_heads_first(k),
             to_heads_first(v),
             q_ids,
             kv_ids,
-            row_offset=row_offset,
+            rows=rows,
             head_offset=head_offset,
             total_heads=n,
             **kernel_args,
@@ -533,20 +538,21 @@ def flash_attention(
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        return attend(query, key, value, query_ids, key_ids)
+        return attend(query, key, value, query_ids, key_ids, rows)
     rows_axes, _, heads_axes, _ = sharding.divisible_spec(
         nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV)), query.shape, mesh
     )
 
-    def sharded(q, k, v, q_ids, kv_ids):
-        def offset(mesh_axes, local):
-            return 0 if mesh_axes is None else jax.lax.axis_index(mesh_axes) * local
-
-        return attend(q, k, v, q_ids, kv_ids, offset(rows_axes, q.shape[0]), offset(heads_axes, q.shape[2]))
+    def sharded(q, k, v, q_ids, kv_ids, rows):
+        first_head = 0 if heads_axes is None else jax.lax.axis_index(heads_axes) * q.shape[2]
+        return attend(q, k, v, q_ids, kv_ids, rows, first_head)
 
     # Rows and heads only: a shard holds whole sequences (every key its queries attend to).
-    heads = PartitionSpec(rows_axes, None, heads_axes, None)
-    rows = PartitionSpec(rows_axes, None)
+    per_head = PartitionSpec(rows_axes, None, heads_axes, None)
+    per_row = PartitionSpec(rows_axes, None)
     return jax.shard_map(
-        sharded, in_specs=(heads, heads, heads, rows, rows), out_specs=heads, check_vma=False
-    )(query, key, value, query_ids, key_ids)
+        sharded,
+        in_specs=(per_head, per_head, per_head, per_row, per_row, PartitionSpec(rows_axes)),
+        out_specs=per_head,
+        check_vma=False,
+    )(query, key, value, query_ids, key_ids, rows)

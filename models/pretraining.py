@@ -44,8 +44,10 @@ class BertPretrainingModel(nn.Module):
         Args:
           batch: int32 arrays `input_ids`, `input_mask`, `segment_ids` [B, L];
             `masked_lm_positions` [B, P]; optional `positions` [B, L] (default
-            0..L-1) and `example_ids` [B, L] (packed rows: attention stays
-            within each example). Other keys (labels, weights) are ignored.
+            0..L-1), `example_ids` [B, L] (packed rows: attention stays
+            within each example) and `row_index` [B] (the rows' places in the global
+            batch: the attention dropout's row counter). Other keys (labels, weights)
+            are ignored.
           deterministic: False in training: enables dropout (rng collection "dropout").
         Returns:
           {"mlm_logits": [B, P, V] float32, "sentence_logits": [B, 2] float32
@@ -67,6 +69,7 @@ class BertPretrainingModel(nn.Module):
             positions=batch.get("positions"),
             example_ids=batch.get("example_ids"),
             deterministic=deterministic,
+            row_index=batch.get("row_index"),
             **extra,
         )
         mlm_head = MaskedLMHead(self.config, name="mlm_head")

@@ -21,11 +21,15 @@ import optax
 from core import axes, prng
 from core.sharding import Partitioner
 from core.state import StateFactory, TrainState
+from models.attention import ATTENTION_DROPOUT
 from pretrain.objectives import Objective
 
 # Evaluation's fixed key for streams other than dropout (e.g. ELECTRA's sampling), so that
 # every evaluation of the same parameters gives the same numbers.
 _EVAL_SEED = 20_000
+# The attention dropout's key is fold_in(the step's dropout key, this): a stream of its own,
+# which every microbatch shares (the masks count global rows), unlike the hidden dropout's.
+_ATTENTION_FOLD = 1_000
 
 
 def stream_keys(key: jax.Array, streams: tuple[str, ...]) -> dict[str, jax.Array]:
@@ -34,11 +38,11 @@ def stream_keys(key: jax.Array, streams: tuple[str, ...]) -> dict[str, jax.Array
     return {name: key if i == 0 else jax.random.fold_in(key, i) for i, name in enumerate(streams)}
 
 
-def with_row_index(batch: Mapping[str, jax.Array], objective: Objective) -> dict[str, jax.Array]:
-    """The batch, plus `row_index` [B] int32 (each row's place in the global batch) when the
-    objective draws randomness per row (`Objective.row_streams`)."""
-    if not objective.row_streams:
-        return dict(batch)
+def with_row_index(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """The batch, plus `row_index` [B] int32: each row's place in the global batch, which the
+    objective's row streams (`Objective.row_streams`) and the attention dropout's masks
+    (models/attention.py `KeyMask.row_index`) count rows by, so that a microbatch draws what
+    the whole batch draws at its rows."""
     rows = jnp.arange(next(iter(batch.values())).shape[0], dtype=jnp.int32)
     return dict(batch, row_index=nn.with_logical_constraint(rows, (axes.BATCH,)))
 
@@ -92,20 +96,25 @@ def train_step(
     dropout_prng: the PRNG of the dropout masks (core/prng.py), seeded from the step's key.
     """
     keys = stream_keys(jax.random.fold_in(rng, state.step), objective.rng_streams)
+    keys[ATTENTION_DROPOUT] = prng.dropout_key(
+        jax.random.fold_in(keys["dropout"], _ATTENTION_FOLD), dropout_prng
+    )
     keys["dropout"] = prng.dropout_key(keys["dropout"], dropout_prng)
-    batch = with_row_index(batch, objective)
+    batch = with_row_index(batch)
     normalizers = objective.normalizers(batch)
     if microbatches == 1:
         loss, grads, sums = _loss_grads_sums(state.params, batch, keys, normalizers, objective)
     else:
         micro = split_microbatches(batch, microbatches)
+        row_streams = (*objective.row_streams, ATTENTION_DROPOUT)
 
         def accumulate(total, xs):
             index, microbatch = xs
-            # Row streams keep the step's key: the objective draws from it per global row
-            # (`row_index`), so k microbatches draw what the whole batch draws.
+            # Row streams keep the step's key: the objective (and the attention dropout)
+            # draws from it per global row (`row_index`), so k microbatches draw what the
+            # whole batch draws.
             micro_keys = {
-                name: key if name in objective.row_streams else jax.random.fold_in(key, index)
+                name: key if name in row_streams else jax.random.fold_in(key, index)
                 for name, key in keys.items()
             }
             out = _loss_grads_sums(state.params, microbatch, micro_keys, normalizers, objective)
@@ -145,7 +154,7 @@ def train_step(
 def eval_step(params, batch: Mapping[str, jax.Array], index: jax.Array, *, objective: Objective):
     """Metric sums of held-out batch number `index` (no dropout; fixed keys for sampling)."""
     keys = stream_keys(jax.random.fold_in(jax.random.key(_EVAL_SEED), index), objective.rng_streams)
-    batch = with_row_index(batch, objective)
+    batch = with_row_index(batch)
     return objective.loss(params, batch, keys, objective.normalizers(batch), train=False)[1]
 
 

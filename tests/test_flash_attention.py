@@ -229,32 +229,30 @@ def _objective(config):
     return lambda: MaskedLM(config, pipeline)
 
 
-@pytest.mark.slow(30)
-def test_trains_as_the_explicit_path_on_a_mesh():
-    """MaskedLM with attention dropout: 'flash' on a data x fsdp x tensor mesh (the kernel in
-    shard_map, each shard's dropout counters offset to its rows and heads) and under full
-    rematerialisation (the forward pass run again in the backward) gives one device's
-    'explicit' losses and parameters: the same masks, drawn in the kernel."""
+@pytest.mark.slow(45)
+def test_trains_as_the_explicit_path_on_every_layout():
+    """MaskedLM with attention dropout on one device with the explicit path, against: 'flash'
+    on a data x fsdp x tensor mesh (the kernel in shard_map, each shard's dropout counters
+    its global rows and heads) under full rematerialisation (the forward pass run again in
+    the backward); 'flash' and 'explicit' with 2 microbatches on that mesh (every microbatch
+    draws the whole batch's attention masks at its rows). Losses and parameters are equal:
+    the same masks everywhere, drawn in the kernel or not."""
     batches = mesh_training.mlm_batches(2)
-    one = sharding.make_mesh(None, jax.devices()[:1])
     explicit = dataclasses.replace(FLASH, attention_implementation="explicit")
-    state, losses = mesh_training.train(one, batches, _objective(explicit)())
-    flash_state, flash_losses = mesh_training.train(
-        sharding.make_mesh("data:2,fsdp:2,tensor:2"),
-        batches,
-        _objective(dataclasses.replace(FLASH, remat_policy="full"))(),
+    state, losses = mesh_training.train(
+        sharding.make_mesh(None, jax.devices()[:1]), batches, _objective(explicit)()
     )
-    np.testing.assert_allclose(flash_losses, losses, rtol=1e-5)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-        jax.device_get(flash_state.params),
-        jax.device_get(state.params),
-    )
-
-
-@pytest.mark.slow(30)
-def test_microbatches_and_mesh_without_dropout_equal_one_device():
-    """k microbatches equal one batch with the kernel (dropout off: under microbatching each
-    microbatch draws its dropout from its own key, on every path: docs/performance.md)."""
-    config = dataclasses.replace(FLASH, attention_dropout_rate=0.0)
-    mesh_training.assert_layouts_equal_one_device(_objective(config), mesh_training.mlm_batches(2))
+    spec, microbatches = mesh_training.SHARDED_AND_MICROBATCHED
+    layouts = {
+        "flash, remat": (dataclasses.replace(FLASH, remat_policy="full"), 1),
+        "flash, microbatches": (FLASH, microbatches),
+        "explicit, microbatches": (explicit, microbatches),
+    }
+    for name, (config, k) in layouts.items():
+        other, other_losses = mesh_training.train(sharding.make_mesh(spec), batches, _objective(config)(), k)
+        np.testing.assert_allclose(other_losses, losses, rtol=1e-5, err_msg=name)
+        jax.tree.map(
+            lambda a, b, name=name: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name),
+            jax.device_get(other.params),
+            jax.device_get(state.params),
+        )

@@ -45,7 +45,16 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from models.attention import ATTENTION_DROPOUT
+
 Batch = Mapping[str, jax.Array]
+
+
+def dropout_rngs(rngs: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """The keys a module draws its dropout from in training: "dropout" (hidden states) and,
+    where the step gives it, the attention probabilities' stream (models/attention.py
+    ATTENTION_DROPOUT, shared by every microbatch)."""
+    return {name: rngs[name] for name in ("dropout", ATTENTION_DROPOUT) if name in rngs}
 
 
 class Objective(abc.ABC):
@@ -57,10 +66,11 @@ class Objective(abc.ABC):
     rng_streams: tuple[str, ...] = ("dropout",)
 
     #: The streams of `rng_streams` that `loss` draws from per row, folding in the batch's
-    #: `row_index` [B] int32 (each row's place in the global batch, which the step adds for
-    #: objectives that have row streams). The step hands these keys unchanged to every
-    #: microbatch, so a microbatched step draws exactly what the whole-batch step draws
-    #: (ELECTRA's masking and sampling). Dropout is not one: Flax draws it per call.
+    #: `row_index` [B] int32 (each row's place in the global batch, which the step adds).
+    #: The step hands these keys unchanged to every microbatch, so a microbatched step draws
+    #: exactly what the whole-batch step draws (ELECTRA's masking and sampling). The hidden
+    #: states' dropout is not one (Flax draws it per call, per microbatch); the attention
+    #: probabilities' is, always (`dropout_rngs`).
     row_streams: tuple[str, ...] = ()
 
     #: The metric that sums a run up: summary.json, ablation tables, the demo's report.

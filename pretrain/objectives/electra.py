@@ -40,7 +40,7 @@ from core.errors import ConfigError
 from data.pipeline_config import PipelineConfig
 from models.electra import ElectraPretrainingModel, generator_config, row_keys
 from models.encoder import EncoderConfig
-from pretrain.objectives.base import Batch, Objective
+from pretrain.objectives.base import Batch, Objective, dropout_rngs
 from pretrain.objectives.masked_lm import mlm_loss_and_metrics
 
 # pretrain_helpers.mask: of the chosen positions, this share becomes [MASK]; the rest keep
@@ -234,9 +234,7 @@ class ElectraRTD(Objective):
             num_predictions=self.num_predictions(batch["input_ids"].shape[1]),
             mask_token_prob=self.mask_token_prob,
         )
-        module_rngs = {"sampling": rngs["sampling"]}
-        if train:
-            module_rngs["dropout"] = rngs["dropout"]
+        module_rngs = {"sampling": rngs["sampling"], **(dropout_rngs(rngs) if train else {})}
         outputs = self.module.apply(
             {"params": params}, {**batch, **masked}, deterministic=not train, rngs=module_rngs
         )

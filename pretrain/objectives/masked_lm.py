@@ -22,7 +22,7 @@ from core import flops
 from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
-from pretrain.objectives.base import Batch, Objective
+from pretrain.objectives.base import Batch, Objective, dropout_rngs
 
 
 def mlm_loss_and_metrics(logits: jax.Array, ids: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
@@ -120,7 +120,7 @@ class MaskedLM(Objective):
             {"params": params},
             batch,
             deterministic=not train,
-            rngs={"dropout": rngs["dropout"]} if train else {},
+            rngs=dropout_rngs(rngs) if train else {},
         )
         return self.loss_of_outputs(outputs, batch, normalizers)
 
