@@ -163,7 +163,9 @@ def _choose_flash(platform: str, head_dim: int, dropout: bool, dropout_bits: int
     fallback = "explicit" if dropout else "xla"
     if dropout and dropout_bits != 16:
         return fallback, "flash attention draws the 16-bit dropout masks; EncoderConfig.dropout_bits is 32"
-    if platform in ("cuda", "gpu") and (head_dim < 16 or head_dim & (head_dim - 1)):
+    if platform == "gpu":
+        return fallback, "flash attention on GPU (Triton) needs an NVIDIA GPU of compute capability >= 8.0"
+    if platform == "cuda" and (head_dim < 16 or head_dim & (head_dim - 1)):
         return fallback, f"flash attention on GPU (Triton) needs a power-of-two head width >= 16: {head_dim}"
     backend = flash_attention.default_backend(platform)
     if backend == "interpret":

@@ -23,18 +23,24 @@ each j hashes one [block_q, block_k] grid of counters whose four quarters are th
 bits of the four key blocks (quarter c, block j): every hashed bit is used and none crosses
 a lane. The backward pass is two kernels, one per key block (dk, dv; its tiles are
 transposed, keys by queries, so that it needs only plain and rhs-transposed matmuls) and one
-per query block (dq). Each program keeps its whole row of keys (or queries) in on-chip
-memory: [4 W, D] values, 128 KiB at L = 512, D = 64 in bf16; encoder lengths (<= 8k) fit.
+per query block (dq). Blocks are the smallest that cover the row, up to a size per backend
+(`_BLOCKS`, `_BACKWARD_BLOCKS`). Each program's block spec holds its whole row of keys and
+values (or queries): on a TPU that row sits in VMEM (about 512 KiB at L = 512, D = 64 in
+bf16, double-buffered and padded to 128 lanes), on a GPU tiles are read as the loop needs
+them. docs/performance.md says what only a device run can check.
 
 Masking: a query attends a key of the same segment id, 0 being padding (keys of segment 0
 are never attended). Without packing, every query has id 1, so padding queries attend the
-row's real tokens as on the dense-mask paths; their outputs are never read.
+row's real tokens as on the dense-mask paths. With packing a padding query (id 0) has no
+key to attend: it gets 0 and no gradient (the explicit path spreads it over every key).
+No loss reads either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import flax.linen as nn
 import jax
@@ -54,9 +60,12 @@ BACKENDS = ("tpu", "triton", "interpret")
 # no NaN; the explicit path's value (models/attention.py).
 _MASKED = -0.7 * float(np.finfo(np.float32).max)
 _QUARTERS = 4  # 16-bit draws per Threefry block (models/dropout.py)
-# Block sizes by backend: TPU tiles are 128 lanes wide (and the dk/dv tiles put queries on
-# lanes); Triton keeps a tile and two words of hash per tile in registers.
+# Largest blocks (queries, keys per quarter) by backend: TPU tiles are 128 lanes wide (and
+# the dk/dv tiles put queries on lanes); Triton keeps a tile and two words of hash per tile
+# in registers, and its dk/dv programs carry eight accumulators (dk and dv per quarter), so
+# their blocks are smaller. The mask does not depend on the blocks.
 _BLOCKS = {"tpu": (128, 128), "triton": (64, 64), "interpret": (128, 128)}
+_BACKWARD_BLOCKS = {"tpu": (128, 128), "triton": (32, 32), "interpret": (128, 128)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +77,6 @@ class _Static:
     scale: float  # 1 / sqrt(D)
     threshold: int  # an element is kept when its 16 bits are >= this; 0 = no dropout
     inverse_keep: float  # 1 / keep probability
-    length: int  # L, the query length (the row counter's stride)
     backend: str
 
     @property
@@ -82,12 +90,12 @@ def _dot(a: jax.Array, b: jax.Array, *, transpose_b: bool = False) -> jax.Array:
     return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
 
 
-def _keep(static: _Static, key_ref, rows: jax.Array, columns: jax.Array) -> list[jax.Array] | None:
-    """The keep masks of the four quarters at counters (rows, columns) (int32, same shape), or None."""
+def _keep(static: _Static, key_refs, rows: jax.Array, columns: jax.Array) -> list[jax.Array] | None:
+    """The keep masks of the four quarters at counters (rows, columns) (int32, same shape), or
+    None without dropout. key_refs: the key's two words, [1, 1] int32 each."""
     if not static.dropout:
         return None
-    k1, k2 = key_ref[:, 0:1], key_ref[:, 1:2]  # [1, 1] each
-    y1, y2 = dropout_bits.threefry2x32(k1, k2, rows, columns)
+    y1, y2 = dropout_bits.threefry2x32(key_refs[0][...], key_refs[1][...], rows, columns)
     return [quarter >= static.threshold for quarter in dropout_bits.quarters(y1, y2)]
 
 
@@ -101,10 +109,35 @@ def _allowed(query_ids: jax.Array, key_ids: jax.Array) -> jax.Array:
     return (query_ids == key_ids) & (key_ids != 0)
 
 
+def _loop(blocks: int, body, init):
+    """fori_loop over `blocks` (a Python int); one block runs once with a static index, so a
+    row that fits one block slices its refs statically."""
+    return body(0, init) if blocks == 1 else jax.lax.fori_loop(0, blocks, body, init)
+
+
+def _start(index, block: int):
+    return index * block if isinstance(index, int) else pl.multiple_of(index * block, block)
+
+
 def _forward_kernel(
-    q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, row_base_ref, key_ref, o_ref, lse_ref, *, static: _Static
+    q_ref,
+    k_ref,
+    v_ref,
+    q_ids_ref,
+    kv_ids_ref,
+    row_base_ref,
+    k1_ref,
+    k2_ref,
+    o_ref,
+    lse_ref,
+    *,
+    static: _Static,
 ):
-    """One block of queries: q [bq, D], k/v [4, Wp, D] -> o [bq, D], lse [bq, 1] float32."""
+    """One block of queries: q [bq, D], k/v [4, Wp, D] -> o [bq, D], lse [bq, 1] float32.
+
+    A query with no key to attend (a padding query of a packed row) gets o = 0 and lse = inf,
+    so that the backward pass gives it p = 0 everywhere: gradients of its output are 0.
+    """
     bq, bk = static.block_q, static.block_k
     q = q_ref[...]
     q_ids = q_ids_ref[...]  # [bq, 1]
@@ -112,8 +145,8 @@ def _forward_kernel(
 
     def body(j, carry):
         m, l, acc = carry  # [bq, 1], [bq, 1], [bq, D] float32
-        start = pl.multiple_of(j * bk, bk)
-        keep = _keep(static, key_ref, rows, start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1))
+        start = _start(j, bk)
+        keep = _keep(static, (k1_ref, k2_ref), rows, start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1))
         for c in range(_QUARTERS):
             keys = pl.ds(start, bk)
             s = _dot(q, k_ref[c, keys, :], transpose_b=True) * static.scale
@@ -133,9 +166,10 @@ def _forward_kernel(
         jnp.zeros((bq, 1), jnp.float32),
         jnp.zeros((bq, q.shape[-1]), jnp.float32),
     )
-    m, l, acc = jax.lax.fori_loop(0, width // bk, body, init)
-    o_ref[...] = (acc / l).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log(l)
+    m, l, acc = _loop(width // bk, body, init)
+    empty = m == _MASKED  # every logit was masked: no key to attend
+    o_ref[...] = jnp.where(empty, 0.0, acc / l).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(l))
 
 
 def _key_grads_kernel(
@@ -148,7 +182,8 @@ def _key_grads_kernel(
     q_ids_ref,
     kv_ids_ref,
     row_base_ref,
-    key_ref,
+    k1_ref,
+    k2_ref,
     dk_ref,
     dv_ref,
     *,
@@ -168,12 +203,12 @@ def _key_grads_kernel(
 
     def body(i, carry):
         dks, dvs = carry
-        start = pl.multiple_of(i * bq, bq)
+        start = _start(i, bq)
         queries = pl.ds(start, bq)
         q, do = q_ref[queries, :], do_ref[queries, :]
         lse, delta = lse_ref[:, queries], delta_ref[:, queries]  # [1, bq]
         rows = row_base + start + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
-        keep = _keep(static, key_ref, rows, columns)
+        keep = _keep(static, (k1_ref, k2_ref), rows, columns)
         dks, dvs = list(dks), list(dvs)
         for c in range(_QUARTERS):
             s = _dot(keys[c], q, transpose_b=True) * static.scale
@@ -186,7 +221,7 @@ def _key_grads_kernel(
         return tuple(dks), tuple(dvs)
 
     zeros = tuple(jnp.zeros(keys[0].shape, jnp.float32) for _ in range(_QUARTERS))
-    dks, dvs = jax.lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
+    dks, dvs = _loop(q_ref.shape[0] // bq, body, (zeros, zeros))
     for c in range(_QUARTERS):
         dk_ref[c] = dks[c].astype(dk_ref.dtype)
         dv_ref[c] = dvs[c].astype(dv_ref.dtype)
@@ -202,7 +237,8 @@ def _query_grads_kernel(
     q_ids_ref,
     kv_ids_ref,
     row_base_ref,
-    key_ref,
+    k1_ref,
+    k2_ref,
     dq_ref,
     *,
     static,
@@ -214,8 +250,8 @@ def _query_grads_kernel(
     rows = row_base_ref[...] + pl.program_id(2) * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
 
     def body(j, dq):
-        start = pl.multiple_of(j * bk, bk)
-        keep = _keep(static, key_ref, rows, start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1))
+        start = _start(j, bk)
+        keep = _keep(static, (k1_ref, k2_ref), rows, start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1))
         for c in range(_QUARTERS):
             keys = pl.ds(start, bk)
             k = k_ref[c, keys, :]
@@ -226,7 +262,7 @@ def _query_grads_kernel(
             dq = dq + _dot((p * (dp - delta)).astype(k.dtype), k) * static.scale
         return dq
 
-    dq = jax.lax.fori_loop(0, k_ref.shape[1] // bk, body, jnp.zeros(q.shape, jnp.float32))
+    dq = _loop(k_ref.shape[1] // bk, body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
@@ -255,7 +291,7 @@ def _specs(static: _Static, q: jax.Array, k: jax.Array):
         "q": pl.BlockSpec((None, None, lqp, d), lambda b, h, n: (b, h, 0, 0)),
         "kv": pl.BlockSpec((None, None, _QUARTERS, wp, d), lambda b, h, n: (b, h, 0, 0, 0)),
         "row_base": pl.BlockSpec((None, None, 1, 1), lambda b, h, n: (b, h, 0, 0)),
-        "key": pl.BlockSpec((1, 2), lambda b, h, n: (0, 0)),
+        "key_word": pl.BlockSpec((1, 1), lambda b, h, n: (0, 0)),
         "lse_row": pl.BlockSpec((None, None, 1, lqp), lambda b, h, n: (b, h, 0, 0)),
         "q_ids_row": pl.BlockSpec((None, 1, lqp), lambda b, h, n: (b, 0, 0)),
         "kv_ids_row": pl.BlockSpec((None, _QUARTERS, 1, wp), lambda b, h, n: (b, 0, 0, 0)),
@@ -272,7 +308,7 @@ def _specs(static: _Static, q: jax.Array, k: jax.Array):
 
 def _forward(static: _Static, q, k, v, q_ids, kv_ids, row_base, key):
     """q [B, N, Lqp, D], k/v [B, N, 4, Wp, D], q_ids [B, Lqp], kv_ids [B, 4, Wp], row_base
-    [B, N] int32, key [1, 2] int32 -> (o [B, N, Lqp, D], lse [B, N, Lqp, 1] float32)."""
+    [B, N] int32, key [2] int32 -> (o [B, N, Lqp, D], lse [B, N, Lqp, 1] float32)."""
     b, n, lqp, d = q.shape
     whole, block = _specs(static, q, k)
     return _call(
@@ -286,7 +322,8 @@ def _forward(static: _Static, q, k, v, q_ids, kv_ids, row_base, key):
             block["q_ids_column"],
             whole["kv_ids_row"],
             whole["row_base"],
-            whole["key"],
+            whole["key_word"],
+            whole["key_word"],
         ],
         [block["q"], block["lse_column"]],
         [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, lqp, 1), jnp.float32)],
@@ -296,7 +333,7 @@ def _forward(static: _Static, q, k, v, q_ids, kv_ids, row_base, key):
         q_ids[..., None],
         kv_ids[:, :, None, :],
         row_base[..., None, None],
-        key,
+        *_words(key),
     )
 
 
@@ -310,9 +347,20 @@ def _flash_fwd(static, q, k, v, q_ids, kv_ids, row_base, key):
     return o, (q, k, v, q_ids, kv_ids, row_base, key, o, lse)
 
 
+def _words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[2] int32 -> the two words as [1, 1] arrays (whole blocks: no lane slicing in a kernel)."""
+    return key[0].reshape(1, 1), key[1].reshape(1, 1)
+
+
 def _flash_bwd(static, residuals, do):
     q, k, v, q_ids, kv_ids, row_base, key, o, lse = residuals
     b, n, lqp, _ = q.shape
+    # The backward's own blocks (smaller on Triton: see _BACKWARD_BLOCKS), dividing the
+    # forward's so that the padded lengths fit; the mask does not depend on them.
+    limit_q, limit_k = _BACKWARD_BLOCKS[static.backend]
+    static = dataclasses.replace(
+        static, block_q=math.gcd(static.block_q, limit_q), block_k=math.gcd(static.block_k, limit_k)
+    )
     # With dropout too: sum_s p_ts dp_ts = do_t . o_t (FlashAttention-2's D term).
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
     whole, block = _specs(static, q, k)
@@ -330,7 +378,8 @@ def _flash_bwd(static, residuals, do):
             whole["q_ids_row"],
             block["kv_ids_column"],
             whole["row_base"],
-            whole["key"],
+            whole["key_word"],
+            whole["key_word"],
         ],
         [block["kv"], block["kv"]],
         [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
@@ -343,7 +392,7 @@ def _flash_bwd(static, residuals, do):
         q_ids[:, None, :],
         kv_ids[..., None],
         row_base[..., None, None],
-        key,
+        *_words(key),
     )
     dq = _call(
         _query_grads_kernel,
@@ -359,7 +408,8 @@ def _flash_bwd(static, residuals, do):
             block["q_ids_column"],
             whole["kv_ids_row"],
             whole["row_base"],
-            whole["key"],
+            whole["key_word"],
+            whole["key_word"],
         ],
         block["q"],
         jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -372,7 +422,7 @@ def _flash_bwd(static, residuals, do):
         q_ids[..., None],
         kv_ids[:, :, None, :],
         row_base[..., None, None],
-        key,
+        *_words(key),
     )
     return dq, dk, dv, None, None, None, None
 
@@ -385,9 +435,24 @@ def _round_up(x: int, multiple: int) -> int:
 
 
 def default_backend(platform: str) -> str:
-    """The kernel language for `models.attention.platform()`: Mosaic on TPU, Triton on GPU,
-    the interpreter elsewhere."""
-    return {"tpu": "tpu", "cuda": "triton", "gpu": "triton"}.get(platform, "interpret")
+    """The kernel language for `models.attention.platform()`: Mosaic on TPU, Triton on NVIDIA
+    GPUs of compute capability >= 8.0 ("cuda"), the interpreter elsewhere."""
+    return {"tpu": "tpu", "cuda": "triton"}.get(platform, "interpret")
+
+
+def _block(requested: int | None, extent: int, backend: str, maximum: int, name: str) -> int:
+    """A block size: the requested one (checked), or the smallest that covers `extent`, capped
+    at `maximum` (so that a short row is not padded up to a full-size block)."""
+    pow2 = backend == "triton"  # Triton's tensor shapes are powers of two (and dots >= 16)
+    if requested is not None:
+        if requested <= 0 or requested % 8 or (pow2 and (requested < 16 or requested & (requested - 1))):
+            need = "a power of two >= 16" if pow2 else "a positive multiple of 8"
+            raise ValueError(f"flash attention {name} must be {need} on {backend}, got {requested}")
+        return requested
+    block = _round_up(extent, 16 if pow2 else 8)
+    if pow2:
+        block = 1 << (block - 1).bit_length()
+    return min(maximum, block)
 
 
 def flash_attention_heads_first(
@@ -416,13 +481,17 @@ def flash_attention_heads_first(
       rows: [B] int32, each row's place in the global batch (default 0..B-1), head_offset:
         this shard's first head, and total_heads: the global head count (default N): the
         dropout counters are global.
-      backend: one of BACKENDS. block_q, block_k: tile sizes (default: by backend).
+      backend: one of BACKENDS. block_q, block_k: queries and keys (per quarter) per tile of
+        the forward pass (default: the smallest covering L and ceil(L / 4), capped by backend;
+        the backward pass takes divisors of them).
     """
     if backend not in BACKENDS:
         raise ValueError(f"flash attention backend must be one of {BACKENDS}, got {backend!r}")
     b, n, length, d = query.shape
-    default_q, default_k = _BLOCKS[backend]
-    block_q, block_k = block_q or default_q, block_k or default_k
+    width = -(-length // _QUARTERS)
+    max_q, max_k = _BLOCKS[backend]
+    block_q = _block(block_q, length, backend, max_q, "block_q")
+    block_k = _block(block_k, width, backend, max_k, "block_k")
     total_heads = total_heads or n
     keep = dropout_bits.keep_probability(dropout_rate) if dropout_key is not None else 1.0
     if keep == 0.0:
@@ -433,19 +502,14 @@ def flash_attention_heads_first(
         scale=float(1.0 / np.sqrt(d)),
         threshold=round((1.0 - keep) * 2**16),
         inverse_keep=float(1.0 / keep),
-        length=length,
         backend=backend,
     )
-    if dropout_key is None:
-        key_words = jnp.zeros((1, 2), jnp.int32)
-    else:
-        key_words = _key_words(dropout_key)
+    key_words = jnp.zeros((2,), jnp.int32) if dropout_key is None else _key_words(dropout_key)
     rows = (jnp.arange(b, dtype=jnp.int32) if rows is None else rows.astype(jnp.int32))[:, None]
     heads = (jnp.arange(n, dtype=jnp.int32) + head_offset)[None, :]
     row_base = (rows * total_heads + heads) * length  # int32, wraps as the uint32 counter does
 
     lqp = _round_up(length, block_q)
-    width = -(-length // _QUARTERS)
     wp = _round_up(width, block_k)
 
     def quartered(x):  # [B, ..., L, ...] on axis 2 -> [B, ..., 4, Wp, ...]
@@ -471,7 +535,7 @@ def is_threefry(key: jax.Array) -> bool:
 
 
 def _key_words(key: jax.Array) -> jax.Array:
-    """[1, 2] int32: a threefry key's two words, bit for bit."""
+    """[2] int32: a threefry key's two words, bit for bit."""
     if not is_threefry(key):
         raise ValueError(
             f"flash attention draws its dropout with threefry, not {jax.random.key_impl(key)}: set "
@@ -479,7 +543,7 @@ def _key_words(key: jax.Array) -> jax.Array:
         )
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
-    return jax.lax.bitcast_convert_type(key.astype(jnp.uint32), jnp.int32).reshape(1, 2)
+    return jax.lax.bitcast_convert_type(key.astype(jnp.uint32), jnp.int32).reshape(2)
 
 
 def flash_attention(
