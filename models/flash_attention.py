@@ -10,10 +10,11 @@ Dropout on the probabilities is drawn inside the kernel, and is exactly models/d
 mask of the [B, N, L, L] probabilities that the explicit path (models/attention.py) draws from
 the same key: the keep bit of (row b, head h, query t, key s) is 16 bits of the Threefry-2x32
 block hashing the counter ((b * N + h) * L + t, s mod W), quarter s // W, with W = ceil(L / 4).
-So the mask is a function of the key and those four indices only: whatever the tiling, the
-mesh (a shard's rows and heads keep their global indices) or the pass (the backward pass hashes the same
-counters again instead of storing the mask), and a resumed run draws what the uninterrupted
-run drew. Switching a run between 'explicit' and 'flash' changes float rounding, not the
+So the mask is a function of the key and those four indices only, whatever the tiling, the
+mesh (a shard's rows and heads keep their global indices), the microbatch split (b is the
+row's place in the global batch, `rows`) or the pass (the backward pass hashes the same
+counters again instead of storing the mask), and a resumed run draws what the
+uninterrupted run drew. Switching a run between 'explicit' and 'flash' changes float rounding, not the
 dropout. The cost is the hash: 20 rounds of integer adds, rotations and xors per four
 elements, on the vector units, beside the exponentials.
 
