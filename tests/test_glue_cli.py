@@ -8,6 +8,7 @@ import zipfile
 
 import flax.linen as nn
 import jax
+import numpy as np
 import pytest
 
 from core import local_pod
@@ -163,11 +164,20 @@ def test_two_processes_fine_tune_as_one_process(setup, _run, tmp_path):
     assert [r.returncode for r in pod] == [0, 0], [r.output()[-3000:] for r in pod]
     assert all("done: GLUE score" in r.output() for r in pod)
     expected, got = (json.loads((tmp_path / w / "results.json").read_text()) for w in ("one", "pod"))
+    # Equal to float rounding, not bit for bit: the two layouts' programs, each compiled afresh
+    # (an empty compilation cache, as in CI), have been seen to differ in the 5th digit of
+    # STS-B's Pearson (-0.67060 against -0.67059), the same before this test's last change;
+    # with a warm cache they agree exactly. Labels and the rows written must be identical.
     for task in ("rte", "stsb"):
-        assert got["tasks"][task]["metrics"] == expected["tasks"][task]["metrics"]
+        metrics, reference = got["tasks"][task]["metrics"], expected["tasks"][task]["metrics"]
+        assert metrics.keys() == reference.keys()
+        for split in reference:
+            assert metrics[split] == pytest.approx(reference[split], rel=1e-4, abs=1e-6), (task, split)
         assert got["tasks"][task]["test_examples"] == expected["tasks"][task]["test_examples"]
-    for name in ("RTE.tsv", "STS-B.tsv"):
-        assert (tmp_path / "pod" / name).read_text() == (tmp_path / "one" / name).read_text()
+    assert (tmp_path / "pod" / "RTE.tsv").read_text() == (tmp_path / "one" / "RTE.tsv").read_text()
+    scores = [np.loadtxt(tmp_path / w / "STS-B.tsv", skiprows=1) for w in ("pod", "one")]
+    assert scores[0].shape == scores[1].shape and (scores[0][:, 0] == scores[1][:, 0]).all()
+    np.testing.assert_allclose(scores[0][:, 1], scores[1][:, 1], atol=2e-3)  # written to 3 decimals
     assert sorted(p.name for p in (tmp_path / "pod").iterdir()) == sorted(
         p.name for p in (tmp_path / "one").iterdir()
     )
