@@ -107,6 +107,18 @@ def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, 
         assert not np.allclose(np.asarray(moved)[1, length // 2 : -5], np.asarray(out)[1, length // 2 : -5])
 
 
+def test_backward_blocks_other_than_the_forwards_give_the_same_gradients(monkeypatch):
+    """The backward pass tiles with its own blocks (on Triton, half the forward's): the
+    gradients stay the explicit path's, the mask being a function of the indices alone."""
+    monkeypatch.setitem(flash_attention._BACKWARD_BLOCKS, "interpret", (8, 8))
+    q, k, v, mask = _rows(37, 16, jnp.float32)
+    flash = functools.partial(_value_and_grads, lambda q, k, v: _flash(q, k, v, mask, 0.1, (16, 16)))
+    explicit = functools.partial(_value_and_grads, lambda q, k, v: _explicit(q, k, v, mask, 0.1))
+    (_, grads), (_, expected) = jax.jit(flash)(q, k, v, mask), jax.jit(explicit)(q, k, v, mask)
+    for name, a, b in zip("qkv", grads, expected):
+        np.testing.assert_allclose(a, b, atol=1e-5 * np.abs(b).max(), err_msg=name)
+
+
 M = 64  # the mask tests' length and head width: values one-hot over the keys
 
 
