@@ -91,11 +91,19 @@ def _dot(a: jax.Array, b: jax.Array, *, transpose_b: bool = False) -> jax.Array:
     return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
 
 
-def _keep(static: _Static, key_refs, rows: jax.Array, columns: jax.Array) -> list[jax.Array] | None:
-    """The keep masks of the four quarters at counters (rows, columns) (int32, same shape), or
-    None without dropout. key_refs: the key's two words, [1, 1] int32 each."""
+def _keep(
+    static: _Static, key_refs, row_base, first_query, first_column, shape: tuple[int, int], query_axis: int
+) -> list[jax.Array] | None:
+    """The keep masks [*shape] of the four quarters of a tile, or None without dropout.
+
+    The tile's counters: rows row_base + first_query + the query index along `query_axis`,
+    columns first_column + the key block index along the other axis. key_refs: the key's two
+    words, [1, 1] int32 each; row_base [1, 1] int32 (models/dropout.py's row counter of query 0).
+    """
     if not static.dropout:
         return None
+    rows = row_base + first_query + jax.lax.broadcasted_iota(jnp.int32, shape, query_axis)
+    columns = first_column + jax.lax.broadcasted_iota(jnp.int32, shape, 1 - query_axis)
     y1, y2 = dropout_bits.threefry2x32(key_refs[0][...], key_refs[1][...], rows, columns)
     return [quarter >= static.threshold for quarter in dropout_bits.quarters(y1, y2)]
 
@@ -106,8 +114,13 @@ def _dropped(probs: jax.Array, keep: list[jax.Array] | None, quarter: int, stati
     return jnp.where(keep[quarter], probs * static.inverse_keep, 0.0)
 
 
-def _allowed(query_ids: jax.Array, key_ids: jax.Array) -> jax.Array:
-    return (query_ids == key_ids) & (key_ids != 0)
+def _logits(
+    a: jax.Array, b: jax.Array, query_ids: jax.Array, key_ids: jax.Array, static: _Static
+) -> jax.Array:
+    """a @ b^T / sqrt(D), float32, with MASKED where a query may not attend a key (another
+    segment id, or a padding key of id 0): [bq, bk] from q, k, or [bk, bq] from k, q."""
+    allowed = (query_ids == key_ids) & (key_ids != 0)
+    return jnp.where(allowed, _dot(a, b, transpose_b=True) * static.scale, _MASKED)
 
 
 def _loop(blocks: int, body, init):
@@ -142,16 +155,15 @@ def _forward_kernel(
     bq, bk = static.block_q, static.block_k
     q = q_ref[...]
     q_ids = q_ids_ref[...]  # [bq, 1]
-    rows = row_base_ref[...] + pl.program_id(2) * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    row_base, first_query = row_base_ref[...], pl.program_id(2) * bq
 
     def body(j, carry):
         m, l, acc = carry  # [bq, 1], [bq, 1], [bq, D] float32
         start = _start(j, bk)
-        keep = _keep(static, (k1_ref, k2_ref), rows, start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1))
+        keep = _keep(static, (k1_ref, k2_ref), row_base, first_query, start, (bq, bk), 0)
         for c in range(_QUARTERS):
             keys = pl.ds(start, bk)
-            s = _dot(q, k_ref[c, keys, :], transpose_b=True) * static.scale
-            s = jnp.where(_allowed(q_ids, kv_ids_ref[c, :, keys]), s, _MASKED)
+            s = _logits(q, k_ref[c, keys, :], q_ids, kv_ids_ref[c, :, keys], static)
             m_next = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
             rescale = jnp.exp(m - m_next)
             p = jnp.exp(s - m_next)
@@ -196,8 +208,7 @@ def _key_grads_kernel(
     lse, delta [1, Lqp] and the query ids [1, Lqp] come as rows, the key ids [4, bk, 1] as columns.
     """
     bq, bk = static.block_q, static.block_k
-    columns = pl.program_id(2) * bk + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 0)
-    row_base = row_base_ref[...]
+    first_column, row_base = pl.program_id(2) * bk, row_base_ref[...]
     keys = [k_ref[c] for c in range(_QUARTERS)]
     values = [v_ref[c] for c in range(_QUARTERS)]
     key_ids = [kv_ids_ref[c] for c in range(_QUARTERS)]
@@ -208,12 +219,10 @@ def _key_grads_kernel(
         queries = pl.ds(start, bq)
         q, do = q_ref[queries, :], do_ref[queries, :]
         lse, delta = lse_ref[:, queries], delta_ref[:, queries]  # [1, bq]
-        rows = row_base + start + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
-        keep = _keep(static, (k1_ref, k2_ref), rows, columns)
+        keep = _keep(static, (k1_ref, k2_ref), row_base, start, first_column, (bk, bq), 1)
         dks, dvs = list(dks), list(dvs)
         for c in range(_QUARTERS):
-            s = _dot(keys[c], q, transpose_b=True) * static.scale
-            s = jnp.where(_allowed(q_ids_ref[:, queries], key_ids[c]), s, _MASKED)
+            s = _logits(keys[c], q, q_ids_ref[:, queries], key_ids[c], static)
             p = jnp.exp(s - lse)
             dvs[c] = dvs[c] + _dot(_dropped(p, keep, c, static).astype(do.dtype), do)
             dp = _dropped(_dot(values[c], do, transpose_b=True), keep, c, static)
@@ -248,16 +257,15 @@ def _query_grads_kernel(
     bq, bk = static.block_q, static.block_k
     q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
     q_ids = q_ids_ref[...]
-    rows = row_base_ref[...] + pl.program_id(2) * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    row_base, first_query = row_base_ref[...], pl.program_id(2) * bq
 
     def body(j, dq):
         start = _start(j, bk)
-        keep = _keep(static, (k1_ref, k2_ref), rows, start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1))
+        keep = _keep(static, (k1_ref, k2_ref), row_base, first_query, start, (bq, bk), 0)
         for c in range(_QUARTERS):
             keys = pl.ds(start, bk)
             k = k_ref[c, keys, :]
-            s = _dot(q, k, transpose_b=True) * static.scale
-            s = jnp.where(_allowed(q_ids, kv_ids_ref[c, :, keys]), s, _MASKED)
+            s = _logits(q, k, q_ids, kv_ids_ref[c, :, keys], static)
             p = jnp.exp(s - lse)
             dp = _dropped(_dot(do, v_ref[c, keys, :], transpose_b=True), keep, c, static)
             dq = dq + _dot((p * (dp - delta)).astype(k.dtype), k) * static.scale
@@ -465,7 +473,7 @@ def flash_attention_heads_first(
     *,
     dropout_rate: float = 0.0,
     dropout_key: jax.Array | None = None,
-    rows: jax.Array | None = None,
+    rows: jax.Array,
     head_offset: jax.Array | int = 0,
     total_heads: int | None = None,
     backend: str = "interpret",
@@ -479,7 +487,7 @@ def flash_attention_heads_first(
         of id 0 are padding and never attended).
       dropout_rate: the probability of dropping an attention probability.
       dropout_key: a threefry key (typed or raw uint32[2]); None = no dropout.
-      rows: [B] int32, each row's place in the global batch (default 0..B-1), head_offset:
+      rows: [B] int32, each row's place in the global batch, head_offset:
         this shard's first head, and total_heads: the global head count (default N): the
         dropout counters are global.
       backend: one of BACKENDS. block_q, block_k: queries and keys (per quarter) per tile of
@@ -506,7 +514,7 @@ def flash_attention_heads_first(
         backend=backend,
     )
     key_words = jnp.zeros((2,), jnp.int32) if dropout_key is None else _key_words(dropout_key)
-    rows = (jnp.arange(b, dtype=jnp.int32) if rows is None else rows.astype(jnp.int32))[:, None]
+    rows = rows.astype(jnp.int32)[:, None]
     heads = (jnp.arange(n, dtype=jnp.int32) + head_offset)[None, :]
     row_base = (rows * total_heads + heads) * length  # int32, wraps as the uint32 counter does
 
