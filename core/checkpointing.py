@@ -48,6 +48,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
+from orbax.checkpoint._src.metadata import array_metadata_store
 
 from core import cluster
 from core.errors import UserError, one_line
@@ -58,6 +59,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BAD_CHECKPOINTS = "bad_checkpoints"
+
+# Orbax writes an array held whole by several replicas (data parallelism) in slices, each
+# replica its own ("replica-parallel"), at the cost of one slicing program per array, slice
+# and shape, compiled on first use. That pays for an embedding table, not for a bias or a
+# LayerNorm scale: arrays whose slice would be smaller than this are written whole by one
+# replica (BERT-large's word embeddings, 125 MB, still split into slices of >= 256 KiB on up to
+# 488 replicas). The files are the same either way; only which host writes which chunk differs.
+MIN_REPLICA_SLICE_BYTES = 256 * 1024
+ocp.type_handlers.register_type_handler(
+    jax.Array,
+    ocp.type_handlers.ArrayHandler(
+        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
+        array_metadata_store=array_metadata_store.Store(),  # as orbax's default handler
+    ),
+    override=True,
+)
 
 
 class CheckpointError(UserError):

@@ -37,14 +37,14 @@ import core.tf_env  # noqa: E402, F401  (TensorFlow's environment, before Tensor
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked `slow(seconds)` (the fault-injection script, the demo, the ablation
-    grid) start first, longest first: `make test` hands whole files to two workers in
+    """Tests marked `slow(seconds)` (the fault-injection script, the local pods, the demo, the
+    ablation grids) start first, longest first: `make test` hands whole files to two workers in
     collection order (`--no-loadscope-reorder`), and a 6-minute file started last would
     leave one worker idle while it finishes."""
 
     def seconds(item):
         marker = item.get_closest_marker("slow")
-        return marker.args[0] if marker else 0
+        return marker.args[0] if marker and marker.args else 0
 
     items.sort(key=seconds, reverse=True)
 

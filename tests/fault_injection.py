@@ -7,18 +7,18 @@ Runs `python -m pretrain.train` (the command users run) on synthetic shards, as
 separate processes, and checks:
 
 1. uninterrupted: the reference `params_sha256`;
-2. SIGKILL at random steps, `--kills` times, each followed by the same command: the
-   final hash equals the reference (exact data position and randomness on resume);
-3. SIGKILL while an asynchronous checkpoint save is in flight: the half-written step is
-   never taken as latest, the run resumes from the one before, same final hash;
+2. SIGKILL while an asynchronous checkpoint save is in flight: the half-written step is
+   never taken as latest, the run resumes from the one before;
+3. then SIGKILL at random later steps, `--kills` times, each followed by the same command:
+   the final hash equals the reference (exact data position and randomness on resume);
 4. SIGTERM: exit code 0, "stopped at step N" in the log, checkpoint N on disk;
 5. then the same command, with the disk filling up during a save (a file-size limit,
    RLIMIT_FSIZE): it resumes from N, and ends with one `error:` line naming N as the last
    complete checkpoint and no traceback; with space again, it resumes from N: same final
    hash;
 6. damaged checkpoints (an array file deleted, an array file truncated, the iterator
-   state deleted: the three newest of one run): each reported in one line and moved to
-   bad_checkpoints/, the newest intact one is used, same final hash.
+   state deleted: the three newest of the reference run): each reported in one line and
+   moved to bad_checkpoints/, the newest intact one is used, same final hash.
 
 Prints one line per scenario and a JSON summary; exits 1 on the first failure.
 tests/test_fault_injection.py runs it in CI.
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill steps")
     parser.add_argument("--workdir", default=None, help="default: a temporary folder, deleted after")
     args = parser.parse_args(argv)
+    if not 1 <= args.kills <= STEPS - 7:
+        parser.error(f"--kills must be in 1..{STEPS - 7} (the kills land on distinct steps after 6)")
     base = args.workdir or tempfile.mkdtemp(prefix="fault_injection_")
     os.makedirs(base, exist_ok=True)
     rng = random.Random(args.seed)
@@ -212,32 +214,30 @@ def main(argv: list[str] | None = None) -> int:
             _expect(got == reference, f"{what}: final params_sha256 {got[:16]} != reference {reference[:16]}")
             return finished
 
-        # 2. SIGKILL at random steps.
+        # 2. SIGKILL while the asynchronous save of step 6 is in flight: the half-written step
+        # is never taken as latest. 3. Then, in the same workdir, SIGKILL at random later
+        # steps, each followed by the same command; the last one finishes on the reference.
         scenario = Scenario(base, "sigkill", gin_file)
-        kill_steps = sorted(rng.sample(range(1, STEPS), min(args.kills, STEPS - 1)))
+        result = scenario.run(extra_code=_KILL_DURING_SAVE)
+        _expect(result.returncode == -signal.SIGKILL, f"kill during save: exit {result.returncode}")
+        on_disk = scenario.checkpoint_steps()
+        _expect(max(on_disk, default=0) <= 6, f"kill during save: unexpected steps {on_disk}")
+        # After step 6 so that every run is killed after it has resumed.
+        kill_steps = sorted(rng.sample(range(7, STEPS), min(args.kills, STEPS - 7)))
         resumed_from = []
         for step in kill_steps:
             code, log = scenario.run_until(step, signal.SIGKILL)
             _expect(code == -signal.SIGKILL, f"SIGKILL at step {step}: exit code {code}\n{log[-2000:]}")
             match = re.search(r"resumed from step (\d+)", log)
             resumed_from.append(int(match.group(1)) if match else 0)
-        same_end(scenario, f"SIGKILL at steps {kill_steps}")
+        _expect(
+            resumed_from[0] == max(on_disk, default=0), f"kill during save: resumed from {resumed_from[0]}"
+        )
+        same_end(scenario, f"SIGKILL during a save, then at steps {kill_steps}")
+        report["kill_during_save"] = {"complete_steps_after_kill": on_disk, "resumed_from": resumed_from[0]}
         report["sigkill"] = {"killed_at": kill_steps, "resumed_from": resumed_from[1:]}
+        print(f"SIGKILL during the save of step 6: complete steps {on_disk}, resumed", flush=True)
         print(f"SIGKILL at steps {kill_steps}, each resumed: identical final hash", flush=True)
-
-        # 3. SIGKILL during an asynchronous save.
-        scenario = Scenario(base, "kill_during_save", gin_file)
-        result = scenario.run(extra_code=_KILL_DURING_SAVE)
-        _expect(result.returncode == -signal.SIGKILL, f"kill during save: exit {result.returncode}")
-        on_disk = scenario.checkpoint_steps()
-        _expect(max(on_disk, default=0) <= 6, f"kill during save: unexpected steps {on_disk}")
-        finished = same_end(scenario, "kill during save")
-        match = re.search(r"resumed from step (\d+)", finished["log"])
-        report["kill_during_save"] = {
-            "complete_steps_after_kill": on_disk,
-            "resumed_from": match and int(match[1]),
-        }
-        print(f"SIGKILL during the save of step 6: complete steps {on_disk}, resumed, identical final hash")
 
         # 4. SIGTERM (preemption): clean exit with a checkpoint at the step it stopped.
         # 5. The same command then runs out of disk during a save: one error line naming the
@@ -273,14 +273,12 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-        # 6. Damaged checkpoints: a run killed after step 11 keeps four checkpoints (4, 6, 8
-        # and 10, or 2 to 8 when the save of 10 was still in flight: then the oldest must
-        # still be complete); the three newest are damaged, each another way. The resumed
-        # run must report each in one line, move each to bad_checkpoints/, and fall back
-        # through them to the oldest.
-        scenario = Scenario(base, "damaged", gin_file)
-        code, log = scenario.run_until(11, signal.SIGKILL)
-        _expect(code == -signal.SIGKILL, f"SIGKILL at step 11: exit code {code}\n{log[-2000:]}")
+        # 6. Damaged checkpoints: the reference run keeps four (6, 8, 10 and 12); the three
+        # newest are damaged, each another way, and the same command runs again. It must
+        # report each in one line, move each to bad_checkpoints/, fall back through them to
+        # the oldest and train from there to the reference's parameters.
+        scenario = Scenario(base, "reference", gin_file)
+        os.remove(os.path.join(scenario.workdir, "summary.json"))
         steps = scenario.checkpoint_steps()
         _expect(len(steps) == 4, f"damaged: expected 4 checkpoints, found {steps}")
         damages = dict(

@@ -125,6 +125,7 @@ def unshared_loss_and_grad():
     return _loss_and_grad(dataclasses.replace(TINY, sharing="none"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharing", ["all", "attention", "ffn"])
 @pytest.mark.parametrize("remat_policy", ["none", "full"])
 def test_shared_blocks_are_reused_and_gradients_sum(unshared, unshared_loss_and_grad, sharing, remat_policy):
@@ -242,6 +243,7 @@ def test_embedding_size_equal_to_hidden_is_bert():
     assert "embedding_projection" not in same["encoder"]
 
 
+@pytest.mark.slow
 def test_projection_follows_the_embedding_layer_norm(unshared):
     """Layer 0 reads LayerNorm(embeddings) @ kernel + bias, as ALBERT's embedding_hidden_mapping_in."""
     batch = make_batch()
@@ -274,6 +276,7 @@ def _layer_norm(x, p, eps):
     return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
 
+@pytest.mark.slow
 def test_mlm_decoder_is_tied_to_the_factorized_table(unshared):
     """H -> E transform, LayerNorm over E, then logits = x @ table[V, E].T + bias."""
     batch = make_batch()
@@ -335,6 +338,7 @@ def test_flops_formula_matches_the_traced_matmuls(unshared, sharing, embedding_s
     assert traced == pytest.approx(_flops(config), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_bf16_forward_with_factorized_embedding(unshared):
     """Compute dtype flows through the projection and the E-sized MLM head."""
     config = dataclasses.replace(TINY, sharing="none", dtype="bfloat16")

@@ -38,6 +38,7 @@ def _real(x, input_mask):
     return np.asarray(x, np.float32)[np.asarray(input_mask, bool)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
 def test_explicit_attention_matches_dot_product_attention(dtype, atol):
     q, k, v, input_mask, example_ids = _rows(L)
@@ -53,6 +54,7 @@ def test_explicit_attention_matches_dot_product_attention(dtype, atol):
     assert not np.allclose(np.asarray(dropped, np.float32), np.asarray(actual, np.float32))
 
 
+@pytest.mark.slow
 def test_padding_as_lengths_is_the_padding_mask():
     """cuDNN takes padding as per-row lengths (KeyMask.lengths); XLA's path reads the same
     argument, so the form is checked here and cuDNN itself on a GPU (docs/performance.md)."""
@@ -81,6 +83,7 @@ def _splash_and_explicit(q, k, v, mask: KeyMask):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [False, True])
 def test_splash_attention_equals_explicit_attention(packed):
     """Splash (Pallas interpret mode) against the explicit softmax, forward and the gradients of
@@ -99,6 +102,7 @@ def test_splash_attention_equals_explicit_attention(packed):
         assert not np.allclose(moved[1, SPLASH_L // 2 : -5], out[1, SPLASH_L // 2 : -5])
 
 
+@pytest.mark.slow
 def test_splash_attention_in_the_encoder_on_a_mesh(caplog):
     """The encoder with attention_implementation='splash' on a data x fsdp x tensor mesh of 8
     devices (the kernel in shard_map over rows and heads) equals the explicit path on one."""
@@ -183,6 +187,7 @@ def test_configs_written_before_auto_load_as_auto():
     assert dataclasses.replace(TINY, attention_implementation=None).attention_implementation == "auto"
 
 
+@pytest.mark.slow
 def test_attention_check_compares_and_times_every_path(capsys):
     """bench.attention_check, what an accelerator run calls first: here 'auto' is XLA's path."""
     argv = ["--batch=2", "--seq=128", "--heads=2", "--head_dim=32", "--dtype=float32", "--steps=1"]

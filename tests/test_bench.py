@@ -54,6 +54,7 @@ def test_pretrain_benchmark_runs_electra(tmp_path):
     assert result["config"]["pooler"] is False
 
 
+@pytest.mark.slow
 def test_pretrain_benchmark_prints_its_result(tmp_path):
     """With TensorFlow's import blocked: the model, objective, step, state and optimizer, and
     so the benchmark, need only JAX (TensorFlow is the input pipeline's). A recipe's run.*
@@ -203,6 +204,7 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
     )
 
 
+@pytest.mark.slow
 def test_padding_rows_start_at_zero_and_lamb_trains_as_without_them():
     """The padded word table initialises its real rows as the unpadded one and its padding
     rows to zero, so LAMB's per-tensor trust ratio (||w|| / ||update||) is that of the
@@ -249,12 +251,14 @@ def _input_pipeline(capsys, *args):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_input_pipeline_benchmark_prints_its_result(capsys):
     result = _input_pipeline(capsys, "--batch_size=8", "--seq_len=32", "--steps=5")
     assert result["examples_per_second"] > 0 and result["tokens_per_second"] > result["examples_per_second"]
     assert 0 < result["fill"] <= 1 and "examples_per_row" not in result
 
 
+@pytest.mark.slow
 def test_input_pipeline_benchmark_measures_packing(capsys):
     """DOC-SENTENCES at length 64 over documents of short sentences: document ends leave
     short examples, which packing puts together, so rows are fuller than one per row."""
@@ -359,6 +363,7 @@ def test_suite_measures_every_member_in_one_process():
     assert "| deberta_v3_base_512 | 2 x 32 | disentangled, dropout 0.1 |" in out
 
 
+@pytest.mark.slow
 def test_suite_kills_a_member_over_its_time_limit_and_goes_on():
     out, final = _suite("--only=bert_base_128,electra_base_512", "--timeout=0.5")
     killed = [

@@ -68,6 +68,7 @@ def test_a_bad_flag_is_a_usage_error(capsys):
     assert exit_.value.code == 2 and "unrecognized arguments: --seq_lenn=3" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_m_runs_the_module():
     """The real entry point, in its own process: a user error is one line and status 2."""
     result = subprocess.run(
@@ -104,89 +105,6 @@ def test_every_error_class_is_a_user_error():
     assert len(found) >= 15
 
 
-# --- one-step smoke runs of the tools whose own tests are long: `make test-fast` runs these,
-# `make test` the long tests they name (a smoke test proves nothing those do not) ---
-
-
-@pytest.mark.smoke("tests/test_demo.py::test_demo_runs_every_stage_and_reports")
-def test_demo_smoke(tmp_path, capsys, monkeypatch):
-    from pretrain import demo
-
-    monkeypatch.chdir(ROOT)
-    args = [f"--workdir={tmp_path}", "--vocab_size=500", "--gin_bindings=run.steps=1"]
-    args += ["--gin_bindings=run.eval_batches=1", "--gin_bindings=run.log_every=1"]
-    result = cli_run.run(demo.main, args, capsys)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "[4/4] report" in result.stdout and "fill-mask" in (tmp_path / "report.txt").read_text()
-    assert "Metadata file does not exist" not in result.stderr  # orbax noise on reading params
-
-
-@pytest.mark.smoke("tests/test_ablate.py::test_grid_runs_every_arm_then_skips_them")
-def test_ablate_smoke(tmp_path, capsys, monkeypatch):
-    """One arm, one step (the arm trains in its own process, as always)."""
-    from data import synthetic
-    from pretrain import ablate
-
-    monkeypatch.chdir(ROOT)
-    data_dir = synthetic.write_shards(
-        str(tmp_path / "shards"),
-        synthetic.make_documents(20, seed=1, max_len=6),
-        synthetic.make_documents(4, seed=2, max_len=6, first_id=150),
-    )
-    base = tmp_path / "base.gin"
-    base.write_text(
-        "include 'configs/runs/demo.gin'\nEncoderConfig.num_layers = 1\nPipelineConfig.max_seq_length = 16\n"
-        "run.batch_size = 8\nrun.eval_batches = 1\nPipelineConfig.document_shuffle_buffer = 4\n"
-        "PipelineConfig.instance_shuffle_buffer = 4\nrun.eval_at_start = False\n"
-    )
-    grid = tmp_path / "grid"
-    grid.mkdir()
-    (grid / "only.gin").write_text("PipelineConfig.sentence_objective = 'none'\n")
-    args = [
-        str(grid),
-        f"--workdir={tmp_path / 'w'}",
-        f"--data_dir={data_dir}",
-        f"--gin_file={base}",
-        "--steps=1",
-    ]
-    result = cli_run.run(ablate.main, args, capsys)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "| only |" in (tmp_path / "w" / "results.md").read_text()
-
-
-@pytest.mark.smoke("tests/test_glue_cli.py::test_all_tasks_give_results_and_a_full_submission")
-def test_glue_smoke(tmp_path, capsys, monkeypatch):
-    """One task (RTE), one run of one epoch, from a random tiny model."""
-    import flax.linen as nn
-    import jax
-
-    from data import tokenizers
-    from finetune import glue
-    from interop import bundle
-    from models.encoder import EncoderConfig
-    from models.pretraining import BertPretrainingModel, example_batch
-    from tests import jitted
-    from tests.glue_folders import write_glue_dir
-
-    monkeypatch.chdir(ROOT)
-    write_glue_dir(str(tmp_path / "glue"), rows=9)
-    tokenizer = tokenizers.train_wordpiece([["he said hello and left", "plain words here"]] * 3, 100)
-    config = EncoderConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32
-    )
-    params = jitted.init(
-        BertPretrainingModel(config), jax.random.key(0), example_batch(1, 8, 2), deterministic=True
-    )
-    bundle.save_pretrained(str(tmp_path / "model"), config, nn.meta.unbox(params["params"]), tokenizer)
-    args = [f"--init_from={tmp_path / 'model'}", "--tasks=rte", f"--glue_dir={tmp_path / 'glue'}"]
-    args += [f"--workdir={tmp_path / 'out'}", "--gin_bindings=Grid.learning_rates = (1e-3,)"]
-    args += ["--gin_bindings=Grid.seeds = (0,)", "--gin_bindings=Grid.num_epochs = (1,)"]
-    args += ["--gin_bindings=Grid.batch_sizes = (8,)", "--gin_bindings=Grid.max_seq_length = 32"]
-    result = cli_run.run(glue.main, args, capsys)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "out" / "RTE.tsv").exists() and "GLUE score" in result.stdout
-
-
 def test_demo_task_smoke(tmp_path, capsys):
     from finetune import demo_task
 
@@ -196,6 +114,7 @@ def test_demo_task_smoke(tmp_path, capsys):
     assert len((tmp_path / "WordOrder" / "train.tsv").read_text().splitlines()) == 21
 
 
+@pytest.mark.slow
 def test_memory_smoke(capsys):
     """The step compiled for a mesh, nothing allocated (8 fake devices here)."""
     import json
@@ -218,18 +137,6 @@ def test_compare_needs_the_peer_venv(capsys):
     assert result.errors() == [
         "error: no peer virtualenv at /nonexistent/python: run `make bench-peer-venv` first"
     ]
-
-
-def test_each_smoke_test_names_a_slow_test_that_runs_the_tool_in_full():
-    """`make test` leaves the smoke tests out: what each names must exist and be slow (run)."""
-    smoke = [f for name, f in globals().items() if name.startswith("test_") and hasattr(f, "pytestmark")]
-    covered = [m.args[0] for f in smoke for m in f.pytestmark if m.name == "smoke"]
-    assert len(covered) == 3
-    for nodeid in covered:
-        path, name = nodeid.split("::")
-        module = importlib.import_module(path[: -len(".py")].replace("/", "."))
-        marks = [m.name for m in getattr(getattr(module, name), "pytestmark", [])]
-        assert "slow" in marks, nodeid
 
 
 @pytest.mark.parametrize("name", TOOLS + ["bench.peer_hf"])
@@ -333,6 +240,7 @@ def test_counts_below_one_are_usage_errors(tmp_path, capsys, name, argv, message
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_peer_benchmark_outside_its_venv_is_one_line():
     """bench.peer_hf needs transformers 4.57.6 (Flax models): --help works in our venv, a
     run says where to run it."""

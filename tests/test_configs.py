@@ -44,6 +44,7 @@ def test_there_are_configs():
     } <= names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", GIN_FILES)
 def test_gin_file_parses_and_builds(path):
     gin.parse_config_files_and_bindings([path], [])

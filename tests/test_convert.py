@@ -48,6 +48,7 @@ def bert(tmp_path_factory):
     return model, hf_dir, workdir, root
 
 
+@pytest.mark.slow
 def test_bert_import_matches_transformers(bert):
     model, _, workdir, _ = bert
     pretrained = bundle.load_pretrained(workdir)
@@ -62,6 +63,7 @@ def test_bert_import_matches_transformers(bert):
     assert max(diffs.values()) < TOLERANCE, diffs
 
 
+@pytest.mark.slow
 def test_bert_export_loads_in_transformers_and_reimports_exactly(bert):
     model, _, workdir, root = bert
     out = str(root / "exported")
@@ -93,6 +95,7 @@ def test_bert_export_loads_in_transformers_and_reimports_exactly(bert):
         np.testing.assert_array_equal(a[key], b[key], err_msg="/".join(key))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["BertModel", "BertForMaskedLM"])
 def test_bert_import_without_pretraining_heads(bert, architecture):
     model, hf_dir, full_workdir, root = bert
@@ -284,6 +287,7 @@ def test_encode_inputs_bert_pair_format(bert):
     assert short["input_ids"][0].tolist() == [cls, *tokenizer.encode("paris is the"), sep, *b, sep]
 
 
+@pytest.mark.slow
 def test_predict_agrees_with_transformers(bert, capsys):
     model, _, workdir, _ = bert
     pretrained = bundle.load_pretrained(workdir)
@@ -432,6 +436,7 @@ def test_predict_without_mask_and_without_head(bert, capsys):
     assert "no MLM head" in err
 
 
+@pytest.mark.slow
 def test_cli_entry_point_prints_one_error_line(tmp_path):
     """The real command line: `python -m interop.convert import ...` exits 2 with one line."""
     result = subprocess.run(
@@ -526,6 +531,7 @@ FAMILIES = {
 @pytest.mark.parametrize(
     "model_type, architecture", [(t, a) for t, (_, architectures) in FAMILIES.items() for a in architectures]
 )
+@pytest.mark.slow
 def test_family_weights_match_transformers_and_round_trip(model_type, architecture, tmp_path):
     make_config, _ = FAMILIES[model_type]
     model = hf_parity.randomize(getattr(transformers, architecture)(make_config()), seed=1)
@@ -697,6 +703,7 @@ _CORPUS = [
 ] * 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["roberta", "albert"])
 def test_family_cli_import_encode_export(model_type, tmp_path, capsys):
     """A folder with the family's own tokenizer files -> workdir -> encode -> export -> transformers."""

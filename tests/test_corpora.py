@@ -117,6 +117,7 @@ def test_empty_file_has_no_documents(tmp_path):
         list(corpora.iter_documents(path))
 
 
+@pytest.mark.slow
 def test_demo_corpus():
     docs = corpora.demo_documents()
     assert docs == corpora.demo_documents()

@@ -89,6 +89,7 @@ def test_log_buckets_match_the_original_and_transformers(buckets, reach):
         ]
 
 
+@pytest.mark.slow
 def test_relative_index_rows():
     opts = V2.disentangled
     positions = jnp.arange(L, dtype=jnp.int32)[None]
@@ -102,6 +103,7 @@ def test_relative_index_rows():
     np.testing.assert_array_equal(idx1, rel + 64)
 
 
+@pytest.mark.slow
 def test_c2p_and_p2c_directions_are_the_codes():
     """c2p[i, j] = Q_i . Kr[r(i - j)] and p2c[i, j] = K_j . Qr[r(i - j)], the original's and
     HF's code; the paper's Eq. 4 writes p2c with r(j - i), which differs here."""
@@ -172,6 +174,7 @@ def _randomized(params, seed):
     return traverse_util.unflatten_dict(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [V1, V2], ids=["v1", "v2_conv"])
 def test_padding_leaves_the_real_rows_unchanged(config):
     module, params = _encoder(config)
@@ -182,6 +185,7 @@ def test_padding_leaves_the_real_rows_unchanged(config):
     np.testing.assert_allclose(padded.sequence_output[:, :13], alone.sequence_output, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [V1, V2], ids=["v1", "v2_conv"])
 def test_packed_rows_equal_the_examples_alone(config):
     """Two examples in one row (positions restart, example_ids) give each example's states and
@@ -220,6 +224,7 @@ def test_packed_rows_equal_the_examples_alone(config):
         np.testing.assert_allclose(packed.masked_states[0, slots], alone.masked_states[0], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_the_enhanced_mask_decoder_at_masked_rows_equals_it_on_every_row():
     module, params = _encoder(V2)
     ids, mask = _inputs([24, 17])
@@ -236,6 +241,7 @@ def test_the_enhanced_mask_decoder_at_masked_rows_equals_it_on_every_row():
     assert np.abs(np.asarray(full.masked_states) - np.asarray(full.sequence_output))[0].max() > 1e-2
 
 
+@pytest.mark.slow
 def test_bf16_logits_are_finite_at_length_512():
     config = dataclasses.replace(
         V2,
@@ -341,6 +347,7 @@ def test_published_sizes_have_the_published_parameter_counts(name):
 # --- DeBERTa-v3: the RTD head and GDES -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rtd_head_is_layernorm_of_token_plus_cls_then_dense_gelu_dense():
     head = RTDHead(V2)
     h = np.random.default_rng(0).normal(size=(2, 5, 32)).astype(np.float32)
@@ -381,6 +388,7 @@ def _rtd_rows(batch_size, seed=0):
     }
 
 
+@pytest.mark.slow
 def test_gdes_gradients():
     """RTD reaches only the delta, MLM only the shared table; the delta's gradient is the
     effective table's (fold_gdes gives the table the discriminator uses)."""
@@ -440,6 +448,7 @@ def test_gdes_gradients():
     np.testing.assert_allclose(jax.jit(jax.grad(plain_rtd))(effective), flat_rtd[delta], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_loss_is_mlm_plus_ten_times_rtd():
     objective = DebertaRTD(RTD_CONFIG, RTD_DATA)
     params = jax.jit(objective.init)(jax.random.key(0))
@@ -589,6 +598,7 @@ def test_gdes_matches_a_pytorch_transcription_of_the_original():
         np.testing.assert_allclose(ours_grads[name], tensor.grad.numpy(), atol=1e-4, err_msg=name)
 
 
+@pytest.mark.slow
 def test_remat_leaves_the_tree_and_the_outputs_unchanged():
     """Rematerialised layers (remat_policy) with the decoder re-running the last layer: one
     parameter set per layer, the same outputs and gradients."""

@@ -42,6 +42,7 @@ CONFIG = EncoderConfig(
 )
 
 
+@pytest.mark.slow
 def test_deberta_head_is_dense_gelu_then_classifier_on_the_first_token():
     rs = np.random.RandomState(0)
     batch = {
@@ -96,6 +97,7 @@ def _glue_on_the_demo_task(workdir, glue_dir, out, capsys):
     assert 0.0 <= entry["metrics"]["dev"]["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_fine_tuning_leaves_out_the_decoders_position_table():
     """A DeBERTa MLM pretraining tree has the absolute position table the enhanced mask
     decoder reads; the fine-tuning model has none, and load_encoder leaves it out."""
@@ -197,6 +199,7 @@ def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
     _glue_on_the_demo_task(workdir, glue_dir, tmp_path / "out", capsys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mlm", "rtd"])
 def test_fill_mask_reads_through_the_enhanced_mask_decoder(tmp_path, family):
     """interop.predict on a DeBERTa workdir: the MLM model (v1/v2) or the generator (v3), with

@@ -176,6 +176,7 @@ def _error(capsys, argv) -> str:
 # --- import, export, round trips ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_import_matches_transformers_and_exports_back(variant, tmp_path):
     """HF -> ours: our outputs are theirs. Ours -> HF: transformers loads the export as the
@@ -255,6 +256,7 @@ def _rtd_head(seed: int) -> dict:
     return jax.tree.map(lambda x: (0.2 * x).astype(np.float32), head)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
 def test_our_tree_exports_and_reimports_exactly(version, tmp_path, caplog):
     """A pretraining tree initialised here (the EMD's position table, vocab padded to 128
@@ -307,6 +309,7 @@ def test_our_tree_exports_and_reimports_exactly(version, tmp_path, caplog):
     _assert_same_params(params_again, trimmed)  # the position table included
 
 
+@pytest.mark.slow
 def test_deberta_v3_workdir_exports_discriminator_and_generator(tmp_path, capsys, caplog):
     """A DeBERTa-v3 pretraining workdir (models/deberta_rtd.py's tree: the generator with the
     EMD's position table, the discriminator's GDES delta, the RTD head) -> the discriminator
@@ -459,6 +462,7 @@ def test_rtd_head_imports_from_mask_predictions_and_exports_back(tmp_path):
     transformers.DebertaV2ForMaskedLM.from_pretrained(out)  # loads: the head is ignored
 
 
+@pytest.mark.slow
 def test_mapping_table_covers_every_parameter():
     """Every array a DeBERTa file may hold has one HF name (in_proj: three arrays, one name)."""
     for variant, (v1, _) in VARIANTS.items():
@@ -573,6 +577,7 @@ def _emd_oracle(model: torch.nn.Module, position_table: np.ndarray, inputs, v1: 
     return np.take_along_axis(logits, POSITIONS[:, :, None], axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["v1", "v2", "v2_conv"])
 def test_enhanced_mask_decoder_matches_the_last_hf_layer_applied_twice(variant, tmp_path):
     """BertPretrainingModel(enhanced_mask_decoder=True) on an imported tree plus a position

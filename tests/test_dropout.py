@@ -20,6 +20,7 @@ def test_keep_probability_is_the_rate_to_within_2_to_the_minus_17():
         assert abs((1 - dropout.keep_probability(rate)) - rate) <= 2**-17
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(512, 1024), (8192, 63)], ids=["paired", "odd last axis"])
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_keep_rate_and_independence(shape, rate):
@@ -43,6 +44,7 @@ def test_keep_rate_and_independence(shape, rate):
     assert rows.std() < 3 * np.sqrt(p * (1 - p) / shape[1])
 
 
+@pytest.mark.slow
 def test_rows_are_counted_over_every_leading_axis():
     """The row counter is the flat index of the leading axes: a [3, 5, n] mask is the
     [15, n] one reshaped, and no two rows repeat."""
@@ -51,6 +53,7 @@ def test_rows_are_counted_over_every_leading_axis():
     assert len({row.tobytes() for row in flat}) == 15
 
 
+@pytest.mark.slow
 def test_rate_zero_keeps_everything_and_rate_one_drops_everything():
     assert np.asarray(dropout.keep_mask(KEY, 0.0, (512, 512))).all()  # kept at bits >= 0
     x = jnp.ones((8, 64))
@@ -66,6 +69,7 @@ def test_bad_bits_and_batched_keys_are_clear_errors():
         dropout.keep_mask(jax.random.split(KEY, 2), 0.1, (4, 4))
 
 
+@pytest.mark.slow
 def test_deterministic_per_key():
     first = np.asarray(dropout.keep_mask(KEY, 0.1, (64, 128)))
     np.testing.assert_array_equal(first, dropout.keep_mask(KEY, 0.1, (64, 128)))
@@ -79,6 +83,7 @@ def test_a_mask_too_large_for_the_row_counter_is_a_clear_error():
         jax.eval_shape(lambda k: dropout.keep_mask(k, 0.1, (2**16, 2**16, 4)), KEY)
 
 
+@pytest.mark.slow
 def test_inverted_scaling_keeps_the_expectation():
     x = jnp.ones((256, 512), jnp.float32)
     y = np.asarray(dropout.dropout(x, 0.1, KEY))
@@ -90,6 +95,7 @@ def test_inverted_scaling_keeps_the_expectation():
     np.testing.assert_array_equal(np.asarray(bf16) != 0, y != 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [PartitionSpec("data"), PartitionSpec(None, None, "data")])
 def test_identical_across_shardings(spec):
     """Leading-axis (batch) and last-axis (hidden, tensor-parallel) shardings draw the
@@ -113,6 +119,7 @@ def test_32_bits_is_flax_bernoulli():
     np.testing.assert_array_equal(ours, flax_out)
 
 
+@pytest.mark.slow
 def test_module_draws_from_the_dropout_stream_and_is_identity_when_deterministic():
     layer = dropout.Dropout(0.1)
     x = jnp.ones((4, 64))
@@ -124,6 +131,7 @@ def test_module_draws_from_the_dropout_stream_and_is_identity_when_deterministic
         layer.apply({}, x, deterministic=False)
 
 
+@pytest.mark.slow
 def test_integer_threefry_is_jaxs():
     """The kernels' threefry2x32 (int32 adds, shifts and xors) gives JAX's bits."""
     from jax.extend.random import threefry2x32_p

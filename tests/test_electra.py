@@ -91,6 +91,7 @@ def _with_rows(batch):
     return {**batch, "row_index": np.arange(batch["input_ids"].shape[0], dtype=np.int32)}
 
 
+@pytest.mark.slow
 def test_masking_statistics():
     batch = _with_rows(_rows(512))
     p = max_predictions(0.15, L)
@@ -123,12 +124,14 @@ def test_masking_statistics():
     assert len(np.unique(positions[weights])) == L - 1 - 1  # all but [CLS] and the last [SEP] slot
 
 
+@pytest.mark.slow
 def test_mask_count_never_exceeds_the_candidates():
     input_mask = jnp.ones((1, 40), jnp.int32)
     maskable = jnp.zeros((1, 40), jnp.int32).at[0, 5:7].set(1)  # 2 candidates, round(6) wanted
     assert int(mask_counts(input_mask, maskable, 0.15, 6)[0]) == 2
 
 
+@pytest.mark.slow
 def test_labels_are_exactly_masked_and_sample_differs():
     objective = _objective()
     params = _params(objective)
@@ -145,6 +148,7 @@ def test_labels_are_exactly_masked_and_sample_differs():
     assert 0 < expected.sum() <= weights.sum()
 
 
+@pytest.mark.slow
 def test_a_generator_that_always_draws_the_original_replaces_nothing():
     objective = _objective()
     params = _params(objective)
@@ -192,6 +196,7 @@ def test_embedding_block_is_shared_and_gets_both_gradients():
     assert all(float(jnp.abs(g).max()) == 0 for g in jax.tree.leaves(gen["encoder"]["layer_0"]))
 
 
+@pytest.mark.slow
 def test_loss_is_mlm_plus_fifty_times_discriminator():
     objective = _objective()
     params = _params(objective)
@@ -207,6 +212,7 @@ def test_loss_is_mlm_plus_fifty_times_discriminator():
         assert 0.0 <= means[name] <= 1.0
 
 
+@pytest.mark.slow
 def test_packed_rows_attend_within_their_example():
     objective = _objective(data=dataclasses.replace(DATA, format="doc_sentences"))
     assert "example_ids" in objective.batch_spec(2, L, 4)
@@ -260,6 +266,7 @@ def test_microbatched_and_sharded_steps_equal_the_single_device_step(embedding_s
     )
 
 
+@pytest.mark.slow
 def test_pipeline_rows_for_in_step_masking(synthetic_shards):
     ds = pipeline.make_dataset(synthetic_shards, "train", DATA, 32)
     batch = {k: v.numpy() for k, v in next(iter(ds)).items()}

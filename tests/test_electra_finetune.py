@@ -73,6 +73,7 @@ def pretrained():
     return _pretraining_tree(CONFIG)
 
 
+@pytest.mark.slow
 def test_electra_head_is_dense_on_the_first_token(pretrained):
     model = ClassifierModel(CONFIG, 3)
     batch = {k: v for k, v in _batch(4, 1).items() if k in ("input_ids", "input_mask", "segment_ids")}

@@ -165,6 +165,7 @@ def _error(capsys, argv, main=convert_cli.main) -> str:
     return err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("embedding_size, ratio", [(16, 0.25), (32, 1.0)], ids=["factorized", "E=H"])
 def test_import_matches_transformers(electra, tmp_path, embedding_size, ratio):
     """Factorized: E = 16, H = 32, H_g = 8 (both embeddings_project). E = H = H_g = 32: neither."""
@@ -212,6 +213,7 @@ def test_export_loads_in_transformers_and_reimports_exactly(electra, tmp_path, c
     _assert_same_params(reloaded.params, original.params)
 
 
+@pytest.mark.slow
 def test_our_tree_exports_and_reimports_exactly(tmp_path):
     """A tree initialised by ElectraPretrainingModel (vocab padded to 128 rows) -> export ->
     transformers gives our logits -> import gives the same arrays, padding rows dropped."""
@@ -284,6 +286,7 @@ def test_encode_cli_writes_the_discriminator_features(electra, tmp_path):
     assert diff < TOLERANCE
 
 
+@pytest.mark.slow
 def test_predict_fills_masks_with_the_generator(electra, tmp_path, capsys):
     e = electra
     pretrained = bundle.load_pretrained(e.workdir)

@@ -81,6 +81,7 @@ def _value_and_grads(fn, q, k, v, mask):
     ],
     ids=["f32-packed-dropout", "f32-padded", "bf16-padded-dropout"],
 )
+@pytest.mark.slow
 def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, rate, blocks, atol):
     q, k, v, mask = _rows(length, 16, dtype)
     if not packed:
@@ -107,6 +108,7 @@ def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, 
         assert not np.allclose(np.asarray(moved)[1, length // 2 : -5], np.asarray(out)[1, length // 2 : -5])
 
 
+@pytest.mark.slow
 def test_backward_blocks_other_than_the_forwards_give_the_same_gradients(monkeypatch):
     """The backward pass tiles with its own blocks (on Triton, half the forward's): the
     gradients stay the explicit path's, the mask being a function of the indices alone."""
@@ -138,6 +140,7 @@ def _kernel_masks(key, blocks):
     return jnp.swapaxes(out, 1, 2) > 0, jnp.einsum("bsnt->bnts", dv) > 0
 
 
+@pytest.mark.slow
 def test_masks_are_the_explicit_paths_in_both_passes_and_every_tiling():
     expected = np.asarray(dropout.keep_mask(KEY, 0.5, (B, N, M, M)))
     for blocks in ((8, 8), (16, 8), (32, 16)):
@@ -159,6 +162,7 @@ def test_masks_are_the_explicit_paths_in_both_passes_and_every_tiling():
         assert abs(both - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / a.size), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 @pytest.mark.parametrize("head_dim, length", [(64, 512), (128, 512), (64, 128)])
 def test_lowers_for_tpu_and_gpu(platform, head_dim, length):
@@ -200,6 +204,7 @@ def test_bad_settings_are_clear_errors():
         _flash(q, k, v, mask, 0.1, (8, 12))
 
 
+@pytest.mark.slow
 def test_a_non_threefry_dropout_key_takes_the_explicit_path(caplog):
     """run.dropout_prng = 'rbg' with 'flash': the explicit path (rbg's masks), saying why."""
     q, k, v, mask = _rows(8, 4, jnp.float32)

@@ -334,6 +334,7 @@ def test_doc_sentences_rows_in_the_pipeline(data_dir):
     assert packed_rows > 0
 
 
+@pytest.mark.slow
 def test_sop_and_sentence_pair_rows_in_the_pipeline(data_dir):
     sop = _take(pipeline.make_dataset(data_dir, "train", _config(sentence_objective="sop"), 16), 6)
     labels, from_other_document = [], 0
@@ -410,6 +411,7 @@ def test_config_errors():
         dict(sentence_objective="sop", pair_format="roberta"),
     ],
 )
+@pytest.mark.slow
 def test_iterator_checkpoint_resumes_exactly(overrides, data_dir, tmp_path):
     config = _config(**overrides)
     it = iter(pipeline.make_dataset(data_dir, "train", config, 8))

@@ -8,7 +8,6 @@ import zipfile
 
 import flax.linen as nn
 import jax
-import numpy as np
 import pytest
 
 from core import local_pod
@@ -143,11 +142,13 @@ def test_not_a_pretrained_workdir(setup, _run, tmp_path):
 
 
 @pytest.mark.slow(100)
-def test_two_processes_fine_tune_as_one_process(setup, _run, tmp_path):
-    """finetune.glue as a local pod of 2 processes x 4 devices (core/local_pod.py) against one
-    process with the same 8-device mesh: every host builds the same global batches and feeds
-    its rows, so the dev metrics and the test predictions are identical; process 0 alone
-    writes the results and the leaderboard files, complete."""
+def test_two_processes_fine_tune_as_one_process(setup, tmp_path):
+    """finetune.glue as a local pod of 2 processes x 4 devices (core/local_pod.py) against a
+    1-process cluster of 8 devices with the same mesh: every host builds the same global
+    batches and feeds its rows, so the dev metrics and the test predictions are identical;
+    process 0 alone writes the results and the leaderboard files, complete. (A plain process
+    sums gradients with XLA's in-process collectives, not gloo's: its results differ in the
+    last bits, which fine-tuning grows to the 4th digit of STS-B's Pearson.)"""
     root, glue_dir = setup
     args = [
         f"--init_from={root / 'pretrained'}",
@@ -156,28 +157,22 @@ def test_two_processes_fine_tune_as_one_process(setup, _run, tmp_path):
         "--mesh=data:4,fsdp:2",
         *FAST,
     ]
-    one = _run(*args, f"--workdir={tmp_path / 'one'}")
-    assert one.returncode == 0, one.stderr[-3000:]
-    pod = local_pod.run_pod(
-        ["finetune.glue", *args, f"--workdir={tmp_path / 'pod'}"], 2, 4, str(tmp_path / "logs"), timeout=300
-    )
-    assert [r.returncode for r in pod] == [0, 0], [r.output()[-3000:] for r in pod]
-    assert all("done: GLUE score" in r.output() for r in pod)
+    for processes, workdir in ((1, "one"), (2, "pod")):
+        pod = local_pod.run_pod(
+            ["finetune.glue", *args, f"--workdir={tmp_path / workdir}"],
+            processes,
+            8 // processes,
+            str(tmp_path / "logs" / workdir),
+            timeout=300,
+        )
+        assert all(r.returncode == 0 for r in pod), [r.output()[-3000:] for r in pod]
+        assert all("done: GLUE score" in r.output() for r in pod)
     expected, got = (json.loads((tmp_path / w / "results.json").read_text()) for w in ("one", "pod"))
-    # Equal to float rounding, not bit for bit: the two layouts' programs, each compiled afresh
-    # (an empty compilation cache, as in CI), have been seen to differ in the 5th digit of
-    # STS-B's Pearson (-0.67060 against -0.67059), the same before this test's last change;
-    # with a warm cache they agree exactly. Labels and the rows written must be identical.
     for task in ("rte", "stsb"):
-        metrics, reference = got["tasks"][task]["metrics"], expected["tasks"][task]["metrics"]
-        assert metrics.keys() == reference.keys()
-        for split in reference:
-            assert metrics[split] == pytest.approx(reference[split], rel=1e-4, abs=1e-6), (task, split)
+        assert got["tasks"][task]["metrics"] == expected["tasks"][task]["metrics"], task
         assert got["tasks"][task]["test_examples"] == expected["tasks"][task]["test_examples"]
     assert (tmp_path / "pod" / "RTE.tsv").read_text() == (tmp_path / "one" / "RTE.tsv").read_text()
-    scores = [np.loadtxt(tmp_path / w / "STS-B.tsv", skiprows=1) for w in ("pod", "one")]
-    assert scores[0].shape == scores[1].shape and (scores[0][:, 0] == scores[1][:, 0]).all()
-    np.testing.assert_allclose(scores[0][:, 1], scores[1][:, 1], atol=2e-3)  # written to 3 decimals
+    assert (tmp_path / "pod" / "STS-B.tsv").read_text() == (tmp_path / "one" / "STS-B.tsv").read_text()
     assert sorted(p.name for p in (tmp_path / "pod").iterdir()) == sorted(
         p.name for p in (tmp_path / "one").iterdir()
     )

@@ -64,6 +64,7 @@ def test_regression_head_learns_scores(tiny):
     assert result.test_logits == {}
 
 
+@pytest.mark.slow
 def test_pretrained_encoder_and_pooler_are_loaded(tiny):
     tokenizer, config, params = tiny
     steps = finetune_setup.task_steps(config, TASKS["mnli"])

@@ -162,6 +162,7 @@ def test_demo_task_layout(tmp_path):
     assert task_file(str(tmp_path), TASKS["word_order"], "train") == os.path.join(folder, "train.tsv")
 
 
+@pytest.mark.slow
 def test_tfds_reader_reads_every_split_and_maps_labels_by_name():
     import tensorflow_datasets as tfds
 

@@ -211,6 +211,7 @@ def _theirs(folder: Folder, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarr
     return theirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", TOKENIZERS)
 def test_import_matches_transformers(folders, family):
     """save_pretrained writes no legacy tokenizer file; the import reads tokenizer.json, and our

@@ -66,6 +66,7 @@ def _sentences_of(tokens):
     return seen
 
 
+@pytest.mark.slow
 def test_chunks_cover_every_sentence_once_and_b_follows_a():
     docs = synthetic.make_documents(40, seed=3)
     for doc_id, sentences in docs.items():
@@ -84,6 +85,7 @@ def test_chunks_cover_every_sentence_once_and_b_follows_a():
         assert used == [(doc_id, s) for s in range(len(sentences))]
 
 
+@pytest.mark.slow
 def test_chunk_lengths_follow_target_and_short_seq_prob():
     docs = synthetic.make_documents(300, seed=4, max_sentences=20, max_len=10)
     short_docs = 0
@@ -107,6 +109,7 @@ def test_one_sentence_chunks_are_always_random_next():
     assert len(rows) == 1 and rows[0]["is_random_next"]
 
 
+@pytest.mark.slow
 def test_nsp_balance():
     docs = synthetic.make_documents(100, seed=5, max_sentences=99, max_len=6)
     labels = []
@@ -122,6 +125,7 @@ def test_nsp_balance():
     assert 0.45 < np.mean(labels) < 0.55, np.mean(labels)
 
 
+@pytest.mark.slow
 def test_random_next_prob_zero_gives_is_next_for_multi_sentence_chunks():
     docs = synthetic.make_documents(30, seed=6, max_sentences=30, max_len=6)
     for doc_id, sentences in docs.items():
@@ -240,6 +244,7 @@ def test_format_pair_layout():
     assert int(out["sentence_label"]) == 1  # 1 = NotNext, as the original and the published heads
 
 
+@pytest.mark.slow
 def test_ops_inside_tf_data_match_eager():
     docs = synthetic.make_documents(6, seed=9)
     seed = tf.constant([3, 4], tf.int64)

@@ -103,6 +103,7 @@ def test_in_a_cluster_a_lost_peer_is_one_line_and_every_error_leaves_at_once(mon
     assert left == [2, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_local_pod_forms_one_cluster(tmp_path):
     """Two processes of 2 fake devices each: one 4-device cluster; the global sum counts
     every process's rows (2 devices x 4 x 1 + 2 devices x 4 x 2 = 24); the input pipeline
@@ -120,6 +121,7 @@ def test_a_local_pod_forms_one_cluster(tmp_path):
     assert sorted(files[0] + files[1]) == sorted(shards.load_manifest(data_dir).files("train"))
 
 
+@pytest.mark.slow
 def test_a_process_that_fails_leaves_no_one_waiting(tmp_path, capsys):
     """Process 1 exits before joining; process 0 waits for it in jax.distributed.initialize
     until the pod kills it and names both."""
@@ -135,6 +137,7 @@ def test_a_process_that_fails_leaves_no_one_waiting(tmp_path, capsys):
     assert "failing as asked" in (tmp_path / "process_1.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
     """The case a GPU-cluster user meets first: only JAX_COORDINATOR_ADDRESS set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_NUM", "JAX_PROCESS", "SLURM"))}

@@ -36,6 +36,7 @@ def _mask(row, seed, prob=0.15, cap=P):
     )
 
 
+@pytest.mark.slow
 def test_masking_statistics():
     rng = np.random.default_rng(0)
     chosen = total_real = masked = kept = replaced = 0
@@ -139,6 +140,7 @@ def _words(ids, real):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unit", ["whole_word", "ngram"])
 def test_word_units_never_split_a_word_and_respect_the_count(unit):
     rng = np.random.default_rng(5)
@@ -165,6 +167,7 @@ def test_word_units_never_split_a_word_and_respect_the_count(unit):
     assert 0.8 < chosen / total <= 1.0
 
 
+@pytest.mark.slow
 def test_ngram_lengths_are_roughly_proportional_to_one_over_n():
     # One-token words, a long row and a low rate: n-grams seldom touch, so runs of masked
     # positions are the sampled n-grams.
@@ -200,6 +203,7 @@ def test_word_units_need_a_word_start_table():
         )
 
 
+@pytest.mark.slow
 def test_word_units_inside_tf_data_match_eager():
     rows = [_word_row(np.random.default_rng(i), 30) for i in range(4)]
     eager = [_word_mask(r, i, "ngram")["input_ids"].numpy() for i, r in enumerate(rows)]
@@ -257,6 +261,7 @@ def _albert_masked_positions(tokens, is_start_piece, max_predictions_per_seq, ma
     return tuple(sorted(masked_lms))
 
 
+@pytest.mark.slow
 def test_ngram_near_the_end_of_the_row_is_drawn_as_albert_does():
     # Words: a 3-piece word, then two 1-piece words; 3 predictions. ALBERT draws n from all of
     # 1..3 (p ~ 1/n) and then cuts the n-gram at the last word, so from the second-to-last word
@@ -350,6 +355,7 @@ def test_the_shards_tokenizer_kind_picks_the_excluded_ids():
     assert shards.Manifest("unused", {"vocab_size": 9, "special_ids": bert}).vocab.random_exclude_ids == ()
 
 
+@pytest.mark.slow
 def test_pipeline_masks_bpe_shards_without_drawing_specials(tmp_path):
     """End to end: shards made with a byte-level BPE tokenizer (the manifest says so) get
     fairseq's draw in the RoBERTa recipe's format; nothing to bind in the recipe."""

@@ -32,6 +32,7 @@ def _loss_and_grads(fn, a, b):
     return jax.value_and_grad(lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) * weights), (0, 1))(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", list(SPECS))
 def test_float32_is_jnp_einsum_exactly(spec):
     a, b = _operands(spec)
@@ -41,6 +42,7 @@ def test_float32_is_jnp_einsum_exactly(spec):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", list(SPECS))
 def test_bf16_operands_float32_results_and_gradients(spec):
     a, b = _operands(spec)
@@ -71,6 +73,7 @@ def test_a_spec_summing_within_one_operand_is_refused():
         matmul.einsum("ij,jk->k", *_operands("mi,io->mo"), jnp.float32)
 
 
+@pytest.mark.slow
 def test_dense_and_einsum_are_flax_modules_parameter_for_parameter():
     x = jnp.asarray(np.random.RandomState(1).randn(2, 6, 16), jnp.float32)
     init = nn.initializers.truncated_normal(0.02)
@@ -97,6 +100,7 @@ def _model_loss_and_grads(config):
     return loss_and_grads
 
 
+@pytest.mark.slow
 def test_model_loss_and_gradients_against_the_float32_step():
     reference = _model_loss_and_grads(tiny.TINY)
     # float32 compute: the same math whichever accumulation is asked for.

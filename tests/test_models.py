@@ -147,6 +147,7 @@ def test_published_param_counts(name, published):
 # --- shapes, dtypes, parameters ----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_output_shapes_and_dtypes(tiny, dtype):
     config = dataclasses.replace(TINY, dtype=dtype)
@@ -176,6 +177,7 @@ def test_output_shapes_and_dtypes(tiny, dtype):
     assert encoded.pooled_output.shape == (B, TINY.hidden_size)
 
 
+@pytest.mark.slow
 def test_without_sentence_head(tiny):
     assert set(abstract_params(TINY, sentence_head=False)) == {"encoder", "mlm_head"}
     params = {k: v for k, v in tiny[1]["params"].items() if k != "sentence_head"}
@@ -218,6 +220,7 @@ def test_every_param_has_logical_axes(tiny):
     assert query == PartitionSpec(axes.EMBED, axes.HEADS, axes.KV)
 
 
+@pytest.mark.slow
 def test_initialisers(tiny):
     _, variables = tiny
     params = nn.unbox(variables["params"])
@@ -229,6 +232,7 @@ def test_initialisers(tiny):
     assert 0.5 * TINY.initializer_range < kernel.std() < TINY.initializer_range
 
 
+@pytest.mark.slow
 def test_bert_param_counts():
     base = count_params(abstract_params(EncoderConfig()))
     large = count_params(
@@ -304,6 +308,7 @@ def test_roberta_recipe(monkeypatch, size, learning_rate, warmup):
     }
 
 
+@pytest.mark.slow
 def test_roberta_position_offset(tiny):
     """Offset 2 reads rows 2.. of a 514-style table: the same function as offset 0 on those rows."""
     offset = dataclasses.replace(TINY, max_position_embeddings=L + 2, position_offset=2, type_vocab_size=1)
@@ -383,6 +388,7 @@ def _layer_norm(x, p, eps):
     return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
 
+@pytest.mark.slow
 def test_mlm_logits_match_reference(tiny):
     model, variables = tiny
     batch = make_batch()
@@ -412,6 +418,7 @@ def test_mlm_logits_match_reference(tiny):
 # --- attention -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_padding_does_not_leak(tiny):
     model, variables = tiny
     batch = make_batch(real_len=L - 5)
@@ -440,6 +447,7 @@ def test_padding_does_not_leak(tiny):
         )
 
 
+@pytest.mark.slow
 def test_packed_examples_do_not_attend_to_each_other(tiny):
     """A row packing examples of 10 and 8 tokens encodes the second as if it were alone."""
     _, variables = tiny
@@ -473,6 +481,7 @@ def test_packed_examples_do_not_attend_to_each_other(tiny):
     np.testing.assert_allclose(packed[10:18], alone[:8], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dropout_and_determinism(tiny):
     model, variables = tiny
     batch = make_batch()
@@ -507,6 +516,7 @@ def single_device(tiny):
     return batch, variables, loss_and_grads_step(model)(variables, batch, RNG)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
 def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
     model, _ = tiny

@@ -49,6 +49,7 @@ def test_warmup_then_linear_decay_over_the_whole_run():
     np.testing.assert_allclose(values, [0.0, 5e-5, 9e-5, 4.5e-5, 0.0, 0.0], rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_grid_adamw_takes_its_schedule_from_the_state():
     """Fine-tuning's AdamW: one compiled update serves every grid point, and each point's
     updates are optax.adamw's with BERT's schedule for that point."""
@@ -108,6 +109,7 @@ def _updates(optimizer, params, grads):
     return out
 
 
+@pytest.mark.slow
 def test_lamb_is_optax_lamb_on_decayed_parameters():
     params, grads = _lamb_setup()
     decayed = {"dense": {"kernel": params["dense"]["kernel"]}, "word_embeddings": params["word_embeddings"]}
@@ -120,6 +122,7 @@ def test_lamb_is_optax_lamb_on_decayed_parameters():
         jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
 
 
+@pytest.mark.slow
 def test_lamb_trust_ratio_and_no_decay_mask():
     """Kernels: ||update|| = lr * ||w|| (LAMB's trust ratio). Biases and LayerNorm: a plain
     Adam step, no decay and no trust ratio, as ALBERT's exclude_from_layer_adaptation."""
@@ -141,6 +144,7 @@ def test_lamb_trust_ratio_and_no_decay_mask():
     assert not np.allclose(rescaled, first["layer_norm"]["scale"])
 
 
+@pytest.mark.slow
 def test_lamb_clips_the_global_norm_first():
     """With clip_norm 1, gradients of global norm n > 1 act as gradients / n."""
     params, grads = _lamb_setup()
@@ -231,6 +235,7 @@ def _electra_lr(step: int, peak: float, warmup: float, total: int) -> float:
     return decayed * min(1.0, step / warmup)
 
 
+@pytest.mark.slow
 def test_electra_schedule_multiplies_the_decay_by_the_warmup_ramp():
     schedule = optim.warmup_linear_decay(1e-4, 10, 100, "electra")
     steps = np.arange(110)
@@ -307,6 +312,7 @@ def test_layerwise_factors_are_electras_get_layer_lrs():
     assert not any(name.startswith("encoder/pooler") for name in flat)
 
 
+@pytest.mark.slow
 def test_layerwise_decay_scales_the_whole_adamw_update():
     """One step with decay 0.8 = the step without it times each parameter's factor, the
     decoupled weight decay included (ELECTRA: lr_layer * (adam + wd * param)); clipping

@@ -45,6 +45,7 @@ def _take(ds, n):
     return [{k: v.numpy() for k, v in next(it).items()} for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_batches_have_fixed_shapes_and_design_keys(data_dir):
     batch = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 1)[0]
     expected = {
@@ -62,6 +63,7 @@ def test_batches_have_fixed_shapes_and_design_keys(data_dir):
     assert all(batch[k].dtype == np.int32 for k in expected if k != "masked_lm_weights")
 
 
+@pytest.mark.slow
 def test_not_next_b_is_from_another_document_and_labels_balanced(data_dir):
     labels = []
     for batch in _take(pipeline.make_dataset(data_dir, "train", CONFIG, 16), 20):
@@ -79,6 +81,7 @@ def test_not_next_b_is_from_another_document_and_labels_balanced(data_dir):
     assert 0.4 < np.mean(labels) < 0.75
 
 
+@pytest.mark.slow
 def test_same_seed_same_stream_and_other_seed_other_stream(data_dir):
     a = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
     b = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
@@ -94,6 +97,7 @@ def test_same_seed_same_stream_and_other_seed_other_stream(data_dir):
     assert not np.array_equal(a[0]["input_ids"], c[0]["input_ids"])
 
 
+@pytest.mark.slow
 def test_iterator_checkpoint_resumes_exactly(data_dir, tmp_path):
     ds = pipeline.make_dataset(data_dir, "train", CONFIG, 8)
     it = iter(ds)
@@ -143,6 +147,7 @@ FORMATS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f['format']}-{f['sentence_objective']}")
 def test_static_masks_repeat_every_dupe_factor_epochs_dynamic_do_not(fmt, mode, data_dir):
@@ -172,6 +177,7 @@ def _doc_ids(batches):
     return ids
 
 
+@pytest.mark.slow
 def test_hosts_read_disjoint_files_covering_all(data_dir):
     files = [pipeline.host_files(data_dir, "train", i, 2) for i in range(2)]
     assert all(not by_doc for _, by_doc in files)
@@ -191,6 +197,7 @@ def test_hosts_read_disjoint_files_covering_all(data_dir):
     assert seen[0] and seen[1] and seen[0].isdisjoint(seen[1])
 
 
+@pytest.mark.slow
 def test_fewer_files_than_hosts_shards_documents(data_dir):
     files, by_doc = pipeline.host_files(data_dir, "train", 3, 8)
     assert by_doc and len(files) == 4
@@ -208,6 +215,7 @@ def test_fewer_files_than_hosts_shards_documents(data_dir):
     assert seen[0] and seen[1] and seen[0].isdisjoint(seen[1])
 
 
+@pytest.mark.slow
 def test_eval_split_is_fixed_and_separate(data_dir):
     a = _take(pipeline.make_dataset(data_dir, "eval", CONFIG, 4, shuffle=False), 2)
     b = _take(pipeline.make_dataset(data_dir, "eval", CONFIG, 4, shuffle=False), 2)
@@ -242,6 +250,7 @@ def test_max_predictions_is_derived_from_length_and_rate_by_default():
             assert round(length * rate) <= derived < round(length * rate) + 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unit", ["token", "whole_word", "ngram"])
 def test_derived_cap_never_binds(unit, data_dir):
     # Full rows without short sequences: the masking count reaches round(L * rate); the
@@ -269,6 +278,7 @@ def test_whole_word_masking_needs_a_word_start_table(data_dir):
         pipeline.instance_stream(files, config, vocab)
 
 
+@pytest.mark.slow
 def test_dynamic_masks_differ_between_passes_and_are_reproducible(data_dir):
     config = pipeline.PipelineConfig(**{**CONFIG.__dict__, "masking": "dynamic"})
     first = _is_next_rows(config, 3, data_dir)

@@ -48,6 +48,7 @@ def _read(output, split):
     return list(tf.data.TFRecordDataset(files).map(instances.parse_document).as_numpy_iterator())
 
 
+@pytest.mark.slow
 def test_shards_hold_every_document_with_sentences_kept(tmp_path, tokenizer_dir):
     texts = _write_corpus(tmp_path / "corpus.txt", num_docs=40)
     out = str(tmp_path / "out")
@@ -235,6 +236,7 @@ PINNED_SHARDS = {
 PINNED_MANIFEST = "6b78b360bcc10c126bf1ff2ffa879a6d3385adae6e68b7827abf5cf6eab16f1e"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_output_is_pinned(tmp_path, tokenizer_dir, num_workers):
     _write_corpus(tmp_path / "corpus.txt", num_docs=40)
@@ -383,6 +385,7 @@ def test_cli_missing_tokenizer(tmp_path, _cli):
     assert result.returncode == 2 and len(_error_lines(result)) == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_manifest_is_json_with_counts(tmp_path, tokenizer_dir, _cli):
     _write_corpus(tmp_path / "c.txt")
     result = _cli(
@@ -451,6 +454,7 @@ def _sources_per_batch(data_dir, batches=12, **config):
     return float(np.mean(counts))
 
 
+@pytest.mark.slow
 def test_a_batch_draws_documents_from_across_the_corpus(tmp_path, sources_corpus):
     # The original shuffles all documents before making instances (google-research/bert
     # create_pretraining_data.py: rng.shuffle(all_documents)), so a batch mixes sources.

@@ -151,6 +151,7 @@ def _built(base: list[str], arm: str) -> tuple[EncoderConfig, PipelineConfig]:
         gin.clear_config()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid", sorted(GRIDS))
 def test_every_ablation_arm_builds_on_its_base_and_differs(grid):
     """Each arm file builds (model params and pipeline) on top of a base run, and no two arms

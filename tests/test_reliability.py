@@ -299,6 +299,7 @@ def test_multi_host_stop_waits_for_the_agreed_step(monkeypatch):
     assert agreed == [5, 6, 7, 8]
 
 
+@pytest.mark.slow
 def test_a_failed_save_silences_only_its_own_unawaited_writes():
     """After a failed save, Python's "coroutine ... was never awaited" about orbax's pending
     writes (seen at exit on a loaded machine, after the one error line) stays quiet; the
@@ -349,6 +350,7 @@ no_tensorflow.assert_none_loaded()
 """
 
 
+@pytest.mark.slow
 def test_checkpointing_needs_no_tensorflow(tmp_path):
     """TensorFlow is the input pipeline's: a state without a data iterator is saved and restored,
     and the workdir's files written and read, with TensorFlow's import blocked."""

@@ -22,6 +22,7 @@ def _loss_and_grads(config, variables, batch):
     return tiny.loss_and_grads_step(BertPretrainingModel(config))(variables, batch, tiny.RNG)[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharing, remat", [("none", "none"), ("all", "none"), ("none", "dots_saveable")])
 def test_scan_equals_the_unrolled_layers(sharing, remat):
     loop = dataclasses.replace(NO_DROPOUT, sharing=sharing, remat_policy=remat)
@@ -39,6 +40,7 @@ def test_scan_equals_the_unrolled_layers(sharing, remat):
     )
 
 
+@pytest.mark.slow
 def test_scan_with_dropout_draws_each_layer_its_own_masks():
     config = dataclasses.replace(tiny.TINY, num_layers=3, scan_layers=True)
     batch = tiny.make_batch(batch_size=4)
@@ -51,6 +53,7 @@ def test_scan_with_dropout_draws_each_layer_its_own_masks():
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.slow
 def test_scan_on_a_mesh_equals_one_device():
     config = dataclasses.replace(NO_DROPOUT, scan_layers=True)
     model = BertPretrainingModel(config)

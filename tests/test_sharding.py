@@ -121,6 +121,7 @@ def test_global_batch_is_the_local_rows_on_the_mesh():
         assert arrays[key].sharding.spec == PartitionSpec(("data", "fsdp"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_hosts", [2, 4])
 def test_mocked_hosts_read_disjoint_data_covering_all(tmp_path, num_hosts):
     docs = synthetic.make_documents(40, seed=3, max_sentences=4, max_len=6)

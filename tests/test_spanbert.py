@@ -219,6 +219,7 @@ def test_span_statistics_match_the_original_over_many_rows():
     assert 2.5 < np.mean(ours["words"]) < 3.8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("candidates", [10, 37, 100, 126, 200])
 def test_budget_is_ceil_of_fifteen_percent_of_the_block(candidates):
     rng = np.random.default_rng(candidates)
@@ -317,6 +318,7 @@ def test_sbo_targets_are_capped_at_max_targets_per_span():
     assert (out["sbo_offset"] < 4).all(), "offsets index the position table"
 
 
+@pytest.mark.slow
 def test_inside_tf_data_matches_eager():
     rng = np.random.default_rng(6)
     rows = [_row(_block(rng, 50), 64) for _ in range(5)]
@@ -428,6 +430,7 @@ def _torch_pair_target_head(torch, config, embedding_weights, max_targets, posit
     return BertPairTargetPredictionHead()
 
 
+@pytest.mark.slow
 def test_sbo_head_equals_the_original_head():
     torch = pytest.importorskip("torch")
     from models.heads import SpanBoundaryHead
@@ -485,6 +488,7 @@ def _batch(batch_size, seed=0):
     return batch
 
 
+@pytest.mark.slow
 def test_loss_is_mlm_mean_plus_sbo_sum_over_targets_plus_one():
     objective = SpanBoundary(TINY, DATA)
     params = flax.linen.meta.unbox(jax.jit(objective.init)(jax.random.key(0)))
@@ -524,6 +528,7 @@ def test_recipe_misconfigurations_are_one_line_errors():
     assert "sentence_label" in with_nsp.batch_spec(2, L, P) and with_nsp.module.sentence_head
 
 
+@pytest.mark.slow
 def test_schedule_is_spanberts_polynomial_decay():
     """pretraining/fairseq/optim/lr_scheduler/polynomial_decay_schedule.py step_update (power 1,
     end 0) against configs/recipes/spanbert.gin's form, 'bert'."""
@@ -583,6 +588,7 @@ def test_manifest_keeps_the_train_unigram_counts(text_shards, tmp_path):
     np.testing.assert_array_equal(again.unigram_counts(), counts)
 
 
+@pytest.mark.slow
 def test_pipeline_rows_are_single_blocks_with_span_keys(text_shards):
     tokenizer = tokenizers.load_tokenizer(f"{text_shards}/tokenizer")
     batch = next(iter(pipeline.make_dataset(text_shards, "train", tiny.SPAN_DATA, 16)))

@@ -140,6 +140,7 @@ def test_published_folder_imports_as_bert(published, tmp_path, caplog):
     assert diff < TOLERANCE
 
 
+@pytest.mark.slow
 def test_encode_cli_and_glue_take_the_import(published, tmp_path):
     directory, workdir, theirs, _ = published
     features = hf_parity.encode_lines(
@@ -242,6 +243,7 @@ def _spanbert_tree(config: EncoderConfig, seed: int) -> dict:
     return jax.tree.map(lambda x: x + 0.1 * rng.standard_normal(x.shape).astype(np.float32), params)
 
 
+@pytest.mark.slow
 def test_spanbert_tree_exports_as_bert_for_masked_lm(tmp_path, caplog):
     """Our SpanBERT workdir (vocab padded to 128 rows) -> export: BertForMaskedLM with our
     MLM logits, no SBO head (a warning); import(export) gives the BERT parts bit for bit."""

@@ -512,6 +512,7 @@ def test_identity_distinguishes_kinds(trained, trained_bpe, trained_sp):
         ("sentencepiece", "spiece.model", ["spiece.model", "tokenizer_config.json"]),
     ],
 )
+@pytest.mark.slow
 def test_cli_train_kinds(tmp_path, kind, written, files, _run_cli):
     output = tmp_path / "tok"
     result = _run_cli("train", "--corpus=demo", f"--kind={kind}", "--vocab_size=400", f"--output={output}")

@@ -95,6 +95,7 @@ def test_missing_gin_file(tmp_path, capsys):
     assert result.returncode == 2 and "cannot read --gin_file configs/runs/nope.gin" in result.stderr
 
 
+@pytest.mark.slow
 def test_finished_run_started_again_resumes_and_stops(trained, capsys):
     gin_file, workdir = trained
     result = cli_run.run(train.main, [f"--gin_file={gin_file}", f"--workdir={workdir}"], capsys)
@@ -102,6 +103,7 @@ def test_finished_run_started_again_resumes_and_stops(trained, capsys):
     assert "resumed from step 2" in result.stderr and "done: step 2" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_vocabulary_size_comes_from_the_shards(trained, capsys):
     """Without a command-line binding, the shards' vocabulary size replaces the model gin
     file's (here bert_tiny.gin's published 30522): the run is the trained one, resumed."""
