@@ -67,14 +67,6 @@ BAD_CHECKPOINTS = "bad_checkpoints"
 # replica (BERT-large's word embeddings, 125 MB, still split into slices of >= 256 KiB on up to
 # 488 replicas). The files are the same either way; only which host writes which chunk differs.
 MIN_REPLICA_SLICE_BYTES = 256 * 1024
-ocp.type_handlers.register_type_handler(
-    jax.Array,
-    ocp.type_handlers.ArrayHandler(
-        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
-        array_metadata_store=array_metadata_store.Store(),  # as orbax's default handler
-    ),
-    override=True,
-)
 
 
 class CheckpointError(UserError):
@@ -139,6 +131,17 @@ def _without_orbax_warnings():
         yield
     finally:
         orbax_logger.setLevel(level)
+
+
+with _without_orbax_warnings():  # orbax warns that a handler replaces its default one
+    ocp.type_handlers.register_type_handler(
+        jax.Array,
+        ocp.type_handlers.ArrayHandler(
+            min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
+            array_metadata_store=array_metadata_store.Store(),  # as orbax's default handler
+        ),
+        override=True,
+    )
 
 
 def saved_tree(state_dir: str) -> Any:
