@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         on_disk = scenario.checkpoint_steps()
         _expect(max(on_disk, default=0) <= 6, f"kill during save: unexpected steps {on_disk}")
         # After step 6 so that every run is killed after it has resumed.
-        kill_steps = sorted(rng.sample(range(7, STEPS), min(args.kills, STEPS - 7)))
+        kill_steps = sorted(rng.sample(range(7, STEPS), args.kills))  # --kills checked above
         resumed_from = []
         for step in kill_steps:
             code, log = scenario.run_until(step, signal.SIGKILL)
