@@ -10,8 +10,11 @@ tests start (the training CLI, the fault-injection runs) inherit it.
 - A persistent compilation cache shared by every test and subprocess, so that the same
   step is compiled once per `make test`. Cached executables are keyed by the HLO, the XLA
   flags and the jax version, so results do not change (the resume tests compare parameter
-  hashes with and without a restart). It lives in .jax_cache/ (ignored by git; about 40 MB
-  after a run), capped at 1 GiB, least recently used entries evicted first.
+  hashes with and without a restart). It lives in .jax_cache/ (ignored by git; about 100 MB
+  after a run). JAX's own size cap is off: with it, every write reads the access time of
+  every entry (thousands), and fails for good once one entry has none (as a process
+  without the cap writes them). Instead the cache is emptied before a test run that finds
+  it over 1 GiB (`pytest_configure`).
 - TensorFlow's quiet, Keras-free start (core/tf_env.py), as every tool sets it.
 """
 
@@ -31,9 +34,26 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
+CACHE_CAP_BYTES = 2**30
 
 import core.tf_env  # noqa: E402, F401  (TensorFlow's environment, before TensorFlow is imported)
+
+
+def pytest_configure(config):
+    """Empties the compilation cache when it has grown over CACHE_CAP_BYTES (a developer's
+    .jax_cache/ after many runs of changing code), before any test or worker writes to it:
+    the controller process of `pytest -n`, or the only one."""
+    if hasattr(config, "workerinput"):
+        return
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    if not os.path.isdir(cache):
+        return
+    with os.scandir(cache) as entries:
+        files = [entry for entry in entries if entry.is_file()]
+    if sum(entry.stat().st_size for entry in files) > CACHE_CAP_BYTES:
+        for entry in files:
+            os.remove(entry.path)
 
 
 def pytest_collection_modifyitems(items):

@@ -9,13 +9,14 @@ separate processes, and checks:
 1. uninterrupted: the reference `params_sha256`;
 2. SIGKILL while an asynchronous checkpoint save is in flight: the half-written step is
    never taken as latest, the run resumes from the one before;
-3. then SIGKILL at random later steps, `--kills` times, each followed by the same command:
-   the final hash equals the reference (exact data position and randomness on resume);
-4. SIGTERM: exit code 0, "stopped at step N" in the log, checkpoint N on disk;
+3. then, in the same workdir, SIGKILL at random later steps, `--kills` times, each
+   followed by the same command (exact data position and randomness on resume);
+4. then SIGTERM one step after the last kill: exit code 0, "stopped at step N" in the
+   log, checkpoint N on disk;
 5. then the same command, with the disk filling up during a save (a file-size limit,
    RLIMIT_FSIZE): it resumes from N, and ends with one `error:` line naming N as the last
-   complete checkpoint and no traceback; with space again, it resumes from N: same final
-   hash;
+   complete checkpoint and no traceback; with space again, it resumes from N and ends on
+   the reference's hash (the one run that finishes proves every resume before it);
 6. damaged checkpoints (an array file deleted, an array file truncated, the iterator
    state deleted: the three newest of the reference run): each reported in one line and
    moved to bad_checkpoints/, the newest intact one is used, same final hash.
@@ -44,6 +45,9 @@ import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow i
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 12
 CHECKPOINT_EVERY = 2
+# The last step a random SIGKILL may land on: the SIGTERM after it must stop the run
+# before its last step, so that the full-disk run that follows still has a save to fail.
+LAST_KILL = 9
 
 # Kills itself with SIGKILL right after the orbax save of step 6 has started in the
 # background: the kill lands while the checkpoint is being written.
@@ -194,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill steps")
     parser.add_argument("--workdir", default=None, help="default: a temporary folder, deleted after")
     args = parser.parse_args(argv)
-    if not 1 <= args.kills <= STEPS - 7:
-        parser.error(f"--kills must be in 1..{STEPS - 7} (the kills land on distinct steps after 6)")
+    if not 1 <= args.kills <= LAST_KILL - 6:
+        parser.error(f"--kills must be in 1..{LAST_KILL - 6} (distinct steps 7..{LAST_KILL})")
     base = args.workdir or tempfile.mkdtemp(prefix="fault_injection_")
     os.makedirs(base, exist_ok=True)
     rng = random.Random(args.seed)
@@ -216,14 +220,19 @@ def main(argv: list[str] | None = None) -> int:
 
         # 2. SIGKILL while the asynchronous save of step 6 is in flight: the half-written step
         # is never taken as latest. 3. Then, in the same workdir, SIGKILL at random later
-        # steps, each followed by the same command; the last one finishes on the reference.
-        scenario = Scenario(base, "sigkill", gin_file)
+        # steps, each followed by the same command. 4. Then SIGTERM (a preemption) one step
+        # after the last kill: a clean exit with a checkpoint at the step it stopped. 5. The
+        # same command then runs out of disk during a save: one error line naming the stop's
+        # checkpoint, which stays the last complete one. With space again, the run resumes
+        # from it and ends on the reference: one finish proves every resume of the chain.
+        scenario = Scenario(base, "faults", gin_file)
         result = scenario.run(extra_code=_KILL_DURING_SAVE)
         _expect(result.returncode == -signal.SIGKILL, f"kill during save: exit {result.returncode}")
         on_disk = scenario.checkpoint_steps()
         _expect(max(on_disk, default=0) <= 6, f"kill during save: unexpected steps {on_disk}")
-        # After step 6 so that every run is killed after it has resumed.
-        kill_steps = sorted(rng.sample(range(7, STEPS), args.kills))  # --kills checked above
+        # After step 6 so that every run is killed after it has resumed, and before step
+        # LAST_KILL + 1 so that the SIGTERM after them leaves a save for the full disk.
+        kill_steps = sorted(rng.sample(range(7, LAST_KILL + 1), args.kills))  # --kills checked above
         resumed_from = []
         for step in kill_steps:
             code, log = scenario.run_until(step, signal.SIGKILL)
@@ -233,21 +242,16 @@ def main(argv: list[str] | None = None) -> int:
         _expect(
             resumed_from[0] == max(on_disk, default=0), f"kill during save: resumed from {resumed_from[0]}"
         )
-        same_end(scenario, f"SIGKILL during a save, then at steps {kill_steps}")
         report["kill_during_save"] = {"complete_steps_after_kill": on_disk, "resumed_from": resumed_from[0]}
         report["sigkill"] = {"killed_at": kill_steps, "resumed_from": resumed_from[1:]}
         print(f"SIGKILL during the save of step 6: complete steps {on_disk}, resumed", flush=True)
-        print(f"SIGKILL at steps {kill_steps}, each resumed: identical final hash", flush=True)
+        print(f"SIGKILL at steps {kill_steps}, each resumed", flush=True)
 
-        # 4. SIGTERM (preemption): clean exit with a checkpoint at the step it stopped.
-        # 5. The same command then runs out of disk during a save: one error line naming the
-        # stop's checkpoint, which stays the last complete one. With space again, the run
-        # resumes from it and ends on the reference (one finish proves both resumes).
-        scenario = Scenario(base, "sigterm_then_disk_full", gin_file)
-        code, log = scenario.run_until(5, signal.SIGTERM)
+        code, log = scenario.run_until(kill_steps[-1] + 1, signal.SIGTERM)
         match = re.search(r"SIGTERM: stopped at step (\d+)", log)
         _expect(code == 0 and match is not None, f"SIGTERM: exit {code}, log:\n{log[-2000:]}")
         stopped = int(match.group(1))
+        _expect(stopped < STEPS, f"SIGTERM: stopped at the last step {stopped}, no save left to fail")
         _expect(stopped in scenario.checkpoint_steps(), f"SIGTERM: no checkpoint {stopped}")
         report["sigterm"] = {"stopped_at": stopped, "exit_code": code}
         print(f"SIGTERM: exit 0, checkpoint at step {stopped}", flush=True)
@@ -264,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         _expect(errors[0].startswith("error: saving checkpoint"), f"disk full: {errors[0]}")
         _expect(f"last complete checkpoint is step {before[-1]}" in errors[0], f"disk full: {errors[0]}")
-        finished = same_end(scenario, "SIGTERM, then a full disk, then space again")
+        finished = same_end(scenario, f"SIGKILL during a save and at {kill_steps}, SIGTERM, a full disk")
         _expect(f"resumed from step {stopped}" in finished["log"], "disk full: did not resume at the stop")
         report["disk_full"] = {"error": errors[0], "checkpoints_before": before}
         print(

@@ -29,4 +29,5 @@ def test_fault_injection_survives_everything():
     assert set(damaged.values()) == {"delete_array_file", "truncate_array_file", "delete_iterator_state"}
     assert report["corruption"]["resumed_from"] < min(int(step) for step in damaged)
     assert report["sigterm"]["exit_code"] == 0
+    assert report["sigterm"]["stopped_at"] > report["sigkill"]["killed_at"][-1]  # one chain
     assert "last complete checkpoint" in report["disk_full"]["error"]
