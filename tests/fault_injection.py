@@ -218,13 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             _expect(got == reference, f"{what}: final params_sha256 {got[:16]} != reference {reference[:16]}")
             return finished
 
-        # 2. SIGKILL while the asynchronous save of step 6 is in flight: the half-written step
-        # is never taken as latest. 3. Then, in the same workdir, SIGKILL at random later
-        # steps, each followed by the same command. 4. Then SIGTERM (a preemption) one step
-        # after the last kill: a clean exit with a checkpoint at the step it stopped. 5. The
-        # same command then runs out of disk during a save: one error line naming the stop's
-        # checkpoint, which stays the last complete one. With space again, the run resumes
-        # from it and ends on the reference: one finish proves every resume of the chain.
+        # Items 2-5 of the module docstring, as one chain in one workdir.
         scenario = Scenario(base, "faults", gin_file)
         result = scenario.run(extra_code=_KILL_DURING_SAVE)
         _expect(result.returncode == -signal.SIGKILL, f"kill during save: exit {result.returncode}")
