@@ -8,13 +8,20 @@ DEMO_GIN ?= configs/runs/demo_deberta.gin
 # 8 fake CPU devices so sharding tests see a mesh; harmless for the demo (it uses them all).
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: demo demo-glue test test-fast install lint clean-demo bench bench-optimisations bench-peer-venv bench-accelerator \
+.PHONY: demo demo-glue test test-extended test-fast install lint clean-demo bench bench-optimisations bench-peer-venv bench-accelerator \
 	check-accelerator-requirements
+
+# pip installs without compiling every module to bytecode (--no-compile: about 100 s on 2
+# cores, for the thousands of TensorFlow and torch modules nothing imports); Python writes the
+# bytecode of what is imported at its first import instead, also where the environment says not
+# to (PYTHONDONTWRITEBYTECODE: without bytecode every process would compile TensorFlow again,
+# about 20 s each).
+unexport PYTHONDONTWRITEBYTECODE
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r requirements.txt -r requirements-test.txt
+	$(VENV)/bin/pip install --quiet --no-compile -r requirements.txt -r requirements-test.txt
 	touch $@
 
 install: $(VENV)/.installed
@@ -42,16 +49,24 @@ demo-glue: $(VENV)/.installed
 TEST_WORKERS ?= 2
 # --durations: the 25 slowest tests at the end of every run, so CI logs show where the time goes.
 PYTEST := $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+# Three tiers (docs/testing.md): `make test` is every test but the extended tier (each kind of
+# proof once: parity per family, resume, mesh, the data statistics, the one-line errors);
+# `make test-extended` is the rest (every objective's resume and mesh proof, the end-to-end
+# runs of the tools, local pods, fault injection, demos, ablation grids, benchmarks); CI
+# (.ci/run) runs both, the second on the first's compilation cache.
 test: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
-	$(PYTEST)
+	$(PYTEST) -m "not extended"
+
+test-extended: $(VENV)/.installed
+	$(PYTEST) -m extended
 
 # The inner loop: the contract and the tests that compile no model step; those marked slow
-# (over about 1.5 s on an empty compilation cache: model steps, training runs, subprocesses,
-# the resume, mesh and parity proofs, fault injection) are left out.
+# (over about 1.5 s on an empty compilation cache: model steps, training runs, subprocesses)
+# are left out.
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "not slow and not extended"
 
 # The speed peer, HF transformers' Flax BERT, in its own venv (never in requirements.txt):
 # transformers 4.57.6 is the last release with Flax models; jax/flax/optax as ours.

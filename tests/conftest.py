@@ -56,11 +56,22 @@ def pytest_configure(config):
             os.remove(entry.path)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
 def pytest_collection_modifyitems(items):
-    """Tests marked `slow(seconds)` (the fault-injection script, the local pods, the demo, the
+    """The tiers and the order.
+
+    A parametrized test marked `extended(keep=[ids])` is in the extended tier except its cases
+    with those ids, which `make test` runs: one case of each proof there, every case in CI.
+
+    Tests marked `slow(seconds)` (the fault-injection script, the local pods, the demo, the
     ablation grids) start first, longest first: `make test` hands whole files to two workers in
     collection order (`--no-loadscope-reorder`), and a 6-minute file started last would
     leave one worker idle while it finishes."""
+    for item in items:
+        marker = item.get_closest_marker("extended")
+        callspec = getattr(item, "callspec", None)
+        if marker and callspec and callspec.id in marker.kwargs.get("keep", ()):
+            item.own_markers = [m for m in item.own_markers if m is not marker]
 
     def seconds(item):
         marker = item.get_closest_marker("slow")

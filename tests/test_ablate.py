@@ -58,6 +58,7 @@ def _ablate(monkeypatch, capsys):
 
 
 @pytest.mark.slow(60)  # seconds on the 2-core CI machine
+@pytest.mark.extended
 def test_grid_runs_every_arm_then_skips_them(setup, tmp_path, _ablate):
     data_dir, base_gin, grid = setup
     result = _ablate(grid, tmp_path, data_dir, base_gin)
@@ -101,6 +102,7 @@ def test_flops_budget_gives_cheaper_arms_more_steps():
 
 
 @pytest.mark.slow(130)
+@pytest.mark.extended
 def test_electra_vs_mlm_grid_spends_equal_flops_and_fine_tunes(
     setup, text_shards, tmp_path, _ablate, monkeypatch
 ):

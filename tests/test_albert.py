@@ -128,6 +128,7 @@ def unshared_loss_and_grad():
 @pytest.mark.slow
 @pytest.mark.parametrize("sharing", ["all", "attention", "ffn"])
 @pytest.mark.parametrize("remat_policy", ["none", "full"])
+@pytest.mark.extended(keep=["full-all"])
 def test_shared_blocks_are_reused_and_gradients_sum(unshared, unshared_loss_and_grad, sharing, remat_policy):
     """A shared model computes the unshared model whose layers hold copies of one block,
     and the gradient of a shared parameter is the sum of the copies' gradients."""
@@ -378,6 +379,7 @@ def _train(mesh_spec, batches, config):
 
 
 @pytest.mark.slow(15)
+@pytest.mark.extended
 def test_albert_with_lamb_trains_the_same_on_a_mesh():
     """All-shared, factorized ALBERT with LAMB: data x fsdp x tensor gives the one-device result."""
     config = dataclasses.replace(TINY, sharing="all")

@@ -85,6 +85,7 @@ def _splash_and_explicit(q, k, v, mask: KeyMask):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.extended(keep=["False"])
 def test_splash_attention_equals_explicit_attention(packed):
     """Splash (Pallas interpret mode) against the explicit softmax, forward and the gradients of
     q, k and v, at real tokens; packed rows: a token never sees another example."""
@@ -103,6 +104,7 @@ def test_splash_attention_equals_explicit_attention(packed):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_splash_attention_in_the_encoder_on_a_mesh(caplog):
     """The encoder with attention_implementation='splash' on a data x fsdp x tensor mesh of 8
     devices (the kernel in shard_map over rows and heads) equals the explicit path on one."""
@@ -188,6 +190,7 @@ def test_configs_written_before_auto_load_as_auto():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_attention_check_compares_and_times_every_path(capsys):
     """bench.attention_check, what an accelerator run calls first: here 'auto' is XLA's path."""
     argv = ["--batch=2", "--seq=128", "--heads=2", "--head_dim=32", "--dtype=float32", "--steps=1"]

@@ -38,6 +38,7 @@ def _json_line(*args, without_tensorflow=False):
 
 
 @pytest.mark.slow(30)
+@pytest.mark.extended
 def test_pretrain_benchmark_runs_electra(tmp_path):
     """The gin files choose the objective: ELECTRA's step masks inside the step."""
     result = _json_line(
@@ -55,6 +56,7 @@ def test_pretrain_benchmark_runs_electra(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_pretrain_benchmark_prints_its_result(tmp_path):
     """With TensorFlow's import blocked: the model, objective, step, state and optimizer, and
     so the benchmark, need only JAX (TensorFlow is the input pipeline's). A recipe's run.*
@@ -91,6 +93,7 @@ def test_pretrain_benchmark_prints_its_result(tmp_path):
 
 
 @pytest.mark.slow(20)
+@pytest.mark.extended
 def test_pretrain_benchmark_turns_each_optimisation_off():
     result = _json_line(
         "bench.pretrain",
@@ -143,6 +146,7 @@ def _tiny_model_and_batch(vocab_pad_multiple=1):
 
 
 @pytest.mark.slow(20)
+@pytest.mark.extended
 def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_positions():
     objective, batch = _tiny_model_and_batch()
     model = objective.module
@@ -172,6 +176,7 @@ def test_masked_only_decoding_equals_full_decoding_restricted_to_the_masked_posi
 
 
 @pytest.mark.slow(25)
+@pytest.mark.extended
 def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
     """vocab_pad_multiple=128: 384 table rows for 300 entries; with the unpadded model's
     parameters (padding rows zero) logits and loss are identical and the gradient of the
@@ -205,6 +210,7 @@ def test_vocab_padding_changes_shapes_not_outputs_or_gradients():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_padding_rows_start_at_zero_and_lamb_trains_as_without_them():
     """The padded word table initialises its real rows as the unpadded one and its padding
     rows to zero, so LAMB's per-tensor trust ratio (||w|| / ||update||) is that of the
@@ -252,6 +258,7 @@ def _input_pipeline(capsys, *args):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_input_pipeline_benchmark_prints_its_result(capsys):
     result = _input_pipeline(capsys, "--batch_size=8", "--seq_len=32", "--steps=5")
     assert result["examples_per_second"] > 0 and result["tokens_per_second"] > result["examples_per_second"]
@@ -259,6 +266,7 @@ def test_input_pipeline_benchmark_prints_its_result(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_input_pipeline_benchmark_measures_packing(capsys):
     """DOC-SENTENCES at length 64 over documents of short sentences: document ends leave
     short examples, which packing puts together, so rows are fuller than one per row."""
@@ -270,6 +278,7 @@ def test_input_pipeline_benchmark_measures_packing(capsys):
 
 
 @pytest.mark.slow(15)
+@pytest.mark.extended
 def test_packed_rows_give_each_example_its_unpacked_mlm_loss():
     """Two examples packed into one row (example_ids, restarting positions) have the same
     masked-position logits and per-example MLM loss as each example alone in its row."""
@@ -331,6 +340,7 @@ def _suite(*args):
 
 
 @pytest.mark.slow(90)
+@pytest.mark.extended
 def test_suite_measures_every_member_in_one_process():
     """`bench.suite --tiny`: every member's step (each recipe's objective and attention path)
     in one child process, a JSON line and a table row each; the peer's rows say why they

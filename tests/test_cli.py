@@ -115,6 +115,7 @@ def test_demo_task_smoke(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_memory_smoke(capsys):
     """The step compiled for a mesh, nothing allocated (8 fake devices here)."""
     import json
@@ -241,6 +242,7 @@ def test_counts_below_one_are_usage_errors(tmp_path, capsys, name, argv, message
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_peer_benchmark_outside_its_venv_is_one_line():
     """bench.peer_hf needs transformers 4.57.6 (Flax models): --help works in our venv, a
     run says where to run it."""

@@ -24,6 +24,7 @@ def test_the_setting_names_the_directory(monkeypatch):
 
 
 @pytest.mark.slow(90)
+@pytest.mark.extended
 def test_a_restart_reads_its_steps_from_the_workdirs_cache(tmp_path, monkeypatch, capsys):
     """bench.restart: preempted (SIGTERM) and started again with the same command, the run
     reads its train step from <workdir>/compilation_cache instead of compiling it."""

@@ -97,6 +97,7 @@ def test_bert_export_loads_in_transformers_and_reimports_exactly(bert):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["BertModel", "BertForMaskedLM"])
+@pytest.mark.extended
 def test_bert_import_without_pretraining_heads(bert, architecture):
     model, hf_dir, full_workdir, root = bert
     partial = getattr(transformers, architecture).from_pretrained(hf_dir).eval()
@@ -406,6 +407,7 @@ def test_predict_on_a_damaged_checkpoint_is_one_line(bert, tmp_path, capsys):
 
 
 @pytest.mark.slow(20)
+@pytest.mark.extended
 def test_predict_on_a_damaged_checkpoint_prints_nothing_else(bert, tmp_path):
     """In its own process: tensorstore's "Event loop is closed" reports of the failed reads
     (at exit) stay off the console; the one error line is all there is."""
@@ -532,6 +534,7 @@ FAMILIES = {
     "model_type, architecture", [(t, a) for t, (_, architectures) in FAMILIES.items() for a in architectures]
 )
 @pytest.mark.slow
+@pytest.mark.extended(keep=["albert-AlbertForPreTraining", "roberta-RobertaForMaskedLM"])
 def test_family_weights_match_transformers_and_round_trip(model_type, architecture, tmp_path):
     make_config, _ = FAMILIES[model_type]
     model = hf_parity.randomize(getattr(transformers, architecture)(make_config()), seed=1)
@@ -705,6 +708,7 @@ _CORPUS = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["roberta", "albert"])
+@pytest.mark.extended
 def test_family_cli_import_encode_export(model_type, tmp_path, capsys):
     """A folder with the family's own tokenizer files -> workdir -> encode -> export -> transformers."""
     if model_type == "roberta":
@@ -784,6 +788,7 @@ def _shards_for(tokenizer_dir: str, directory) -> str:
 
 
 @pytest.mark.slow(90)
+@pytest.mark.extended
 def test_continued_pretraining_starts_from_the_imported_model(tmp_path):
     """run.init_from: an imported model's parameters start the run (lr 0 keeps them exactly);
     heads the HF model lacks (a BertModel has neither MLM nor NSP head) start from init;

@@ -176,6 +176,7 @@ def _randomized(params, seed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [V1, V2], ids=["v1", "v2_conv"])
+@pytest.mark.extended
 def test_padding_leaves_the_real_rows_unchanged(config):
     module, params = _encoder(config)
     ids, mask = _inputs([13], length=13)
@@ -187,6 +188,7 @@ def test_padding_leaves_the_real_rows_unchanged(config):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [V1, V2], ids=["v1", "v2_conv"])
+@pytest.mark.extended
 def test_packed_rows_equal_the_examples_alone(config):
     """Two examples in one row (positions restart, example_ids) give each example's states and
     enhanced-mask-decoder outputs, the convolution and relative positions included."""
@@ -242,6 +244,7 @@ def test_the_enhanced_mask_decoder_at_masked_rows_equals_it_on_every_row():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_bf16_logits_are_finite_at_length_512():
     config = dataclasses.replace(
         V2,
@@ -318,6 +321,7 @@ def _hf_count(config):
     "name",
     sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(ROOT, "configs/models/deberta*.gin"))),
 )
+@pytest.mark.extended(keep=["deberta_base", "deberta_v3_base"])
 def test_published_sizes_have_the_published_parameter_counts(name):
     gin.clear_config()
     try:
@@ -389,6 +393,7 @@ def _rtd_rows(batch_size, seed=0):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_gdes_gradients():
     """RTD reaches only the delta, MLM only the shared table; the delta's gradient is the
     effective table's (fold_gdes gives the table the discriminator uses)."""
@@ -493,6 +498,7 @@ MLM_BATCHES = [{**b, "input_ids": b["input_ids"] % V2.vocab_size} for b in mesh_
 
 @pytest.mark.slow(60)
 @pytest.mark.parametrize("family", ["mlm_v1", "mlm_v2", "rtd_v3"])
+@pytest.mark.extended
 def test_microbatched_and_sharded_steps_equal_the_single_device_step(family):
     if family == "rtd_v3":
         make, batches = (lambda: DebertaRTD(RTD_CONFIG, RTD_DATA)), [_rtd_rows(16, seed=s) for s in range(2)]
@@ -599,6 +605,7 @@ def test_gdes_matches_a_pytorch_transcription_of_the_original():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_remat_leaves_the_tree_and_the_outputs_unchanged():
     """Rematerialised layers (remat_policy) with the decoder re-running the last layer: one
     parameter set per layer, the same outputs and gradients."""

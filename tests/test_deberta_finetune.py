@@ -98,6 +98,7 @@ def _glue_on_the_demo_task(workdir, glue_dir, out, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_fine_tuning_leaves_out_the_decoders_position_table():
     """A DeBERTa MLM pretraining tree has the absolute position table the enhanced mask
     decoder reads; the fine-tuning model has none, and load_encoder leaves it out."""
@@ -121,6 +122,7 @@ def test_fine_tuning_leaves_out_the_decoders_position_table():
 
 
 @pytest.mark.slow(30)
+@pytest.mark.extended
 def test_glue_on_the_demo_task_from_a_deberta_v3_workdir(tmp_path, capsys):
     """A DeBERTa-v3 pretraining workdir (GDES delta, generator) fine-tunes through its folded
     discriminator."""
@@ -144,6 +146,7 @@ def test_glue_on_the_demo_task_from_a_deberta_v3_workdir(tmp_path, capsys):
 
 
 @pytest.mark.slow(40)
+@pytest.mark.extended
 def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
     """A transformers DebertaV2ForMaskedLM folder laid out as the published DeBERTa-v3 ones
     (an spm.model with [MASK] appended, more embedding rows than tokens, legacy=False head)
@@ -201,6 +204,7 @@ def test_glue_from_an_imported_deberta_v3_folder(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["mlm", "rtd"])
+@pytest.mark.extended
 def test_fill_mask_reads_through_the_enhanced_mask_decoder(tmp_path, family):
     """interop.predict on a DeBERTa workdir: the MLM model (v1/v2) or the generator (v3), with
     the decoder its head was trained on: the probabilities of the pretraining model itself."""

@@ -178,6 +178,7 @@ def _error(capsys, argv) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.extended(keep=["v1", "v2"])
 def test_import_matches_transformers_and_exports_back(variant, tmp_path):
     """HF -> ours: our outputs are theirs. Ours -> HF: transformers loads the export as the
     same class with the same outputs. HF -> ours -> HF -> ours: the same arrays and config."""
@@ -258,6 +259,7 @@ def _rtd_head(seed: int) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.extended
 def test_our_tree_exports_and_reimports_exactly(version, tmp_path, caplog):
     """A pretraining tree initialised here (the EMD's position table, vocab padded to 128
     rows, DeBERTa-v3's RTD head) -> export -> transformers gives our MLM logits -> import
@@ -310,6 +312,7 @@ def test_our_tree_exports_and_reimports_exactly(version, tmp_path, caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_deberta_v3_workdir_exports_discriminator_and_generator(tmp_path, capsys, caplog):
     """A DeBERTa-v3 pretraining workdir (models/deberta_rtd.py's tree: the generator with the
     EMD's position table, the discriminator's GDES delta, the RTD head) -> the discriminator
@@ -579,6 +582,7 @@ def _emd_oracle(model: torch.nn.Module, position_table: np.ndarray, inputs, v1: 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["v1", "v2", "v2_conv"])
+@pytest.mark.extended(keep=["v2"])
 def test_enhanced_mask_decoder_matches_the_last_hf_layer_applied_twice(variant, tmp_path):
     """BertPretrainingModel(enhanced_mask_decoder=True) on an imported tree plus a position
     table of the test's own vs `_emd_oracle`, at the masked positions of a padded and a full

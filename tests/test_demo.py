@@ -28,6 +28,7 @@ def _demo(workdir, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow(90)  # seconds on the 2-core CI machine
+@pytest.mark.extended
 def test_demo_runs_every_stage_and_reports(tmp_path):
     result = _demo(
         tmp_path,
@@ -77,6 +78,7 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
 
 
 @pytest.mark.slow(40)
+@pytest.mark.extended
 def test_bert_demo_reports_nsp(tmp_path):
     """`make demo DEMO_GIN=configs/runs/demo.gin`: BERT-Tiny with MLM + NSP."""
     result = _demo(

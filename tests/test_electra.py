@@ -213,6 +213,7 @@ def test_loss_is_mlm_plus_fifty_times_discriminator():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_packed_rows_attend_within_their_example():
     objective = _objective(data=dataclasses.replace(DATA, format="doc_sentences"))
     assert "example_ids" in objective.batch_spec(2, L, 4)
@@ -257,6 +258,7 @@ def test_generator_shapes_follow_the_papers_ratios():
 
 @pytest.mark.slow(40)
 @pytest.mark.parametrize("embedding_size", [32, None], ids=["small_shaped", "base_shaped"])
+@pytest.mark.extended
 def test_microbatched_and_sharded_steps_equal_the_single_device_step(embedding_size):
     # Small-shaped: E < H, both towers project; the generator's single head does not split
     # over tensor:2 (replicated). Base-shaped: E = H, only the generator projects.
@@ -267,6 +269,7 @@ def test_microbatched_and_sharded_steps_equal_the_single_device_step(embedding_s
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_pipeline_rows_for_in_step_masking(synthetic_shards):
     ds = pipeline.make_dataset(synthetic_shards, "train", DATA, 32)
     batch = {k: v.numpy() for k, v in next(iter(ds)).items()}

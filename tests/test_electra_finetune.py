@@ -119,6 +119,7 @@ def test_electra_head_is_dense_on_the_first_token(pretrained):
 
 
 @pytest.mark.slow(15)
+@pytest.mark.extended
 def test_discriminator_loads_and_layerwise_decay_scales_its_step(pretrained):
     """The pretrained encoder (no pooler) is loaded as is; with Grid's layerwise_lr_decay
     0.8 each parameter moves by the plain step times decay ** (layers + 2 - depth)."""
@@ -184,6 +185,7 @@ def test_electra_glue_configs(_clean_gin, size, learning_rate, decay):
 
 
 @pytest.mark.slow(20)
+@pytest.mark.extended
 def test_glue_on_the_demo_task_from_an_electra_workdir(_clean_gin, tmp_path, capsys):
     glue_dir = str(tmp_path / "glue")
     demo_task.make_task(glue_dir, train=64, dev=32, test=16)

@@ -167,6 +167,7 @@ def _error(capsys, argv, main=convert_cli.main) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("embedding_size, ratio", [(16, 0.25), (32, 1.0)], ids=["factorized", "E=H"])
+@pytest.mark.extended(keep=["E=H"])
 def test_import_matches_transformers(electra, tmp_path, embedding_size, ratio):
     """Factorized: E = 16, H = 32, H_g = 8 (both embeddings_project). E = H = H_g = 32: neither."""
     e = electra if embedding_size == 16 else _electra(tmp_path, embedding_size, ratio)
@@ -214,6 +215,7 @@ def test_export_loads_in_transformers_and_reimports_exactly(electra, tmp_path, c
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_our_tree_exports_and_reimports_exactly(tmp_path):
     """A tree initialised by ElectraPretrainingModel (vocab padded to 128 rows) -> export ->
     transformers gives our logits -> import gives the same arrays, padding rows dropped."""
@@ -343,6 +345,7 @@ def test_generator_folder_errors_are_one_line(electra, tmp_path, capsys):
 
 
 @pytest.mark.slow(15)
+@pytest.mark.extended
 def test_glue_fine_tunes_an_imported_discriminator(electra, tmp_path, monkeypatch, capsys):
     """finetune.glue from the imported workdir with ELECTRA's GLUE recipe (first-token head,
     layer-wise lr decay over the imported layers), one short run."""

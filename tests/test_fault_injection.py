@@ -14,6 +14,7 @@ from tests import fault_injection
 
 
 @pytest.mark.slow(280)  # seconds on the 2-core CI machine
+@pytest.mark.extended
 def test_fault_injection_survives_everything():
     result = subprocess.run(
         [sys.executable, "-m", "tests.fault_injection", "--kills=1", "--seed=1"],

@@ -82,6 +82,7 @@ def _value_and_grads(fn, q, k, v, mask):
     ids=["f32-packed-dropout", "f32-padded", "bf16-padded-dropout"],
 )
 @pytest.mark.slow
+@pytest.mark.extended(keep=["f32-packed-dropout", "f32-padded"])
 def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, rate, blocks, atol):
     q, k, v, mask = _rows(length, 16, dtype)
     if not packed:
@@ -109,6 +110,7 @@ def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, 
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_backward_blocks_other_than_the_forwards_give_the_same_gradients(monkeypatch):
     """The backward pass tiles with its own blocks (on Triton, half the forward's): the
     gradients stay the explicit path's, the mask being a function of the indices alone."""
@@ -141,6 +143,7 @@ def _kernel_masks(key, blocks):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_masks_are_the_explicit_paths_in_both_passes_and_every_tiling():
     expected = np.asarray(dropout.keep_mask(KEY, 0.5, (B, N, M, M)))
     for blocks in ((8, 8), (16, 8), (32, 16)):
@@ -165,6 +168,7 @@ def test_masks_are_the_explicit_paths_in_both_passes_and_every_tiling():
 @pytest.mark.slow
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 @pytest.mark.parametrize("head_dim, length", [(64, 512), (128, 512), (64, 128)])
+@pytest.mark.extended(keep=["64-128-tpu", "64-128-cuda"])
 def test_lowers_for_tpu_and_gpu(platform, head_dim, length):
     """Forward and backward, bf16, with dropout and segment ids, at BERT's lengths, lowered
     for Mosaic (TPU) or Triton (GPU) rather than interpreted: the Pallas-level constraints
@@ -258,6 +262,7 @@ def _objective(config):
 
 
 @pytest.mark.slow(45)
+@pytest.mark.extended
 def test_trains_as_the_explicit_path_on_every_layout():
     """MaskedLM with attention dropout on one device with the explicit path, against: 'flash'
     on a data x fsdp x tensor mesh (the kernel in shard_map, each shard's dropout counters

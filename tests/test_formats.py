@@ -412,6 +412,7 @@ def test_config_errors():
     ],
 )
 @pytest.mark.slow
+@pytest.mark.extended(keep=["overrides0"])
 def test_iterator_checkpoint_resumes_exactly(overrides, data_dir, tmp_path):
     config = _config(**overrides)
     it = iter(pipeline.make_dataset(data_dir, "train", config, 8))

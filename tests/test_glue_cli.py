@@ -56,6 +56,7 @@ def _run(monkeypatch, capsys):
 
 
 @pytest.mark.slow(25)
+@pytest.mark.extended
 def test_all_tasks_give_results_and_a_full_submission(setup, _run):
     root, glue_dir = setup
     out = root / "out"
@@ -142,6 +143,7 @@ def test_not_a_pretrained_workdir(setup, _run, tmp_path):
 
 
 @pytest.mark.slow(100)
+@pytest.mark.extended
 def test_two_processes_fine_tune_as_one_process(setup, tmp_path):
     """finetune.glue as a local pod of 2 processes x 4 devices (core/local_pod.py) against a
     1-process cluster of 8 devices with the same mesh: every host builds the same global

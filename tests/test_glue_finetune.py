@@ -43,6 +43,7 @@ def test_tiny_random_model_learns_a_pair_task(tiny):
 
 
 @pytest.mark.slow(15)
+@pytest.mark.extended
 def test_regression_head_learns_scores(tiny):
     tokenizer, config, params = tiny
     task = TASKS["stsb"]
@@ -109,6 +110,7 @@ def test_sweep_chooses_by_median_over_seeds(tmp_path):
 
 
 @pytest.mark.slow(15)
+@pytest.mark.extended
 def test_half_finished_sweep_resumes_without_redoing_runs(tiny, tmp_path):
     tokenizer, config, params = tiny
     task = TASKS["rte"]

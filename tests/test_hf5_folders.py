@@ -213,6 +213,7 @@ def _theirs(folder: Folder, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarr
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", TOKENIZERS)
+@pytest.mark.extended(keep=["bert", "electra"])
 def test_import_matches_transformers(folders, family):
     """save_pretrained writes no legacy tokenizer file; the import reads tokenizer.json, and our
     model gives transformers' outputs on the ids our workdir tokenizer makes."""

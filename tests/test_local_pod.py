@@ -138,6 +138,7 @@ def test_a_process_that_fails_leaves_no_one_waiting(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
     """The case a GPU-cluster user meets first: only JAX_COORDINATOR_ADDRESS set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_NUM", "JAX_PROCESS", "SLURM"))}
@@ -163,6 +164,7 @@ def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
 
 
 @pytest.mark.slow(120)
+@pytest.mark.extended
 def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path):
     """The same global batches (each process feeding its rows) give bit-identical parameters
     and losses on 2 processes x 4 devices and on a 1-process cluster x 8 devices (a plain
@@ -193,6 +195,7 @@ def _when_logged(pod: local_pod.Pod, pattern: str, timeout: float = 300.0) -> No
 
 
 @pytest.mark.slow(240)
+@pytest.mark.extended
 def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
     """pretrain.train as 2 processes x 4 devices, through the tool's own --distributed=auto.
     Uninterrupted: each host saves its own data position, process 0 alone writes the summary,

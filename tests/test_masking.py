@@ -262,6 +262,7 @@ def _albert_masked_positions(tokens, is_start_piece, max_predictions_per_seq, ma
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ngram_near_the_end_of_the_row_is_drawn_as_albert_does():
     # Words: a 3-piece word, then two 1-piece words; 3 predictions. ALBERT draws n from all of
     # 1..3 (p ~ 1/n) and then cuts the n-gram at the last word, so from the second-to-last word

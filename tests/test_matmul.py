@@ -101,6 +101,7 @@ def _model_loss_and_grads(config):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_model_loss_and_gradients_against_the_float32_step():
     reference = _model_loss_and_grads(tiny.TINY)
     # float32 compute: the same math whichever accumulation is asked for.

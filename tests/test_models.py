@@ -518,6 +518,7 @@ def single_device(tiny):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+@pytest.mark.extended
 def test_jit_on_mesh_matches_single_device(tiny, single_device, mesh_shape):
     model, _ = tiny
     batch, expected_variables, expected = single_device

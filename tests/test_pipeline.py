@@ -82,6 +82,7 @@ def test_not_next_b_is_from_another_document_and_labels_balanced(data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_same_seed_same_stream_and_other_seed_other_stream(data_dir):
     a = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
     b = _take(pipeline.make_dataset(data_dir, "train", CONFIG, 8), 3)
@@ -150,6 +151,7 @@ FORMATS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f['format']}-{f['sentence_objective']}")
+@pytest.mark.extended(keep=["full_sentences-none-static", "full_sentences-none-dynamic"])
 def test_static_masks_repeat_every_dupe_factor_epochs_dynamic_do_not(fmt, mode, data_dir):
     # The original wrote dupe_factor differently-masked copies of the data once
     # (google-research/bert create_pretraining_data.py), so pass e and pass e + dupe_factor
@@ -198,6 +200,7 @@ def test_hosts_read_disjoint_files_covering_all(data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_fewer_files_than_hosts_shards_documents(data_dir):
     files, by_doc = pipeline.host_files(data_dir, "train", 3, 8)
     assert by_doc and len(files) == 4
@@ -252,6 +255,7 @@ def test_max_predictions_is_derived_from_length_and_rate_by_default():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("unit", ["token", "whole_word", "ngram"])
+@pytest.mark.extended(keep=["token"])
 def test_derived_cap_never_binds(unit, data_dir):
     # Full rows without short sequences: the masking count reaches round(L * rate); the
     # derived cap must hold all of it (token masking predicts exactly round(n * rate)).
@@ -279,6 +283,7 @@ def test_whole_word_masking_needs_a_word_start_table(data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_dynamic_masks_differ_between_passes_and_are_reproducible(data_dir):
     config = pipeline.PipelineConfig(**{**CONFIG.__dict__, "masking": "dynamic"})
     first = _is_next_rows(config, 3, data_dir)

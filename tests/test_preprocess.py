@@ -238,6 +238,7 @@ PINNED_MANIFEST = "6b78b360bcc10c126bf1ff2ffa879a6d3385adae6e68b7827abf5cf6eab16
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [1, 2])
+@pytest.mark.extended(keep=["1"])
 def test_output_is_pinned(tmp_path, tokenizer_dir, num_workers):
     _write_corpus(tmp_path / "corpus.txt", num_docs=40)
     out = str(tmp_path / "out")
@@ -293,6 +294,7 @@ if __name__ == "__main__":
         ("_sort_shard", "sorting train-00000-of-00008.tfrecord"),
     ],
 )
+@pytest.mark.extended
 def test_a_killed_worker_is_one_error_line_not_a_hang(tmp_path, tokenizer_dir, step, lost):
     # multiprocessing.Pool replaced the dead worker and waited forever for its result.
     _write_corpus(tmp_path / "c.txt", num_docs=300)
@@ -386,6 +388,7 @@ def test_cli_missing_tokenizer(tmp_path, _cli):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_manifest_is_json_with_counts(tmp_path, tokenizer_dir, _cli):
     _write_corpus(tmp_path / "c.txt")
     result = _cli(

@@ -77,6 +77,7 @@ def recipe_data(request, corpus, tmp_path_factory):
 
 
 @pytest.mark.slow(30)
+@pytest.mark.extended
 def test_recipe_trains_with_its_tokenizer(recipe_data):
     name, data_dir, root = recipe_data
     model_file = RECIPES[name][0]

@@ -68,6 +68,7 @@ CASES = {
 
 @pytest.mark.slow(30)
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.extended(keep=["mlm_threefry"])
 def test_resume_after_stop_equals_uninterrupted_run(case, tmp_path, request):
     fixture, settings, metrics = CASES[case]
     data_dir = request.getfixturevalue(fixture)

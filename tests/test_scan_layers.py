@@ -24,6 +24,7 @@ def _loss_and_grads(config, variables, batch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharing, remat", [("none", "none"), ("all", "none"), ("none", "dots_saveable")])
+@pytest.mark.extended(keep=["none-none"])
 def test_scan_equals_the_unrolled_layers(sharing, remat):
     loop = dataclasses.replace(NO_DROPOUT, sharing=sharing, remat_policy=remat)
     scan = dataclasses.replace(loop, scan_layers=True)
@@ -41,6 +42,7 @@ def test_scan_equals_the_unrolled_layers(sharing, remat):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_scan_with_dropout_draws_each_layer_its_own_masks():
     config = dataclasses.replace(tiny.TINY, num_layers=3, scan_layers=True)
     batch = tiny.make_batch(batch_size=4)
@@ -54,6 +56,7 @@ def test_scan_with_dropout_draws_each_layer_its_own_masks():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_scan_on_a_mesh_equals_one_device():
     config = dataclasses.replace(NO_DROPOUT, scan_layers=True)
     model = BertPretrainingModel(config)

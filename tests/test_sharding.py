@@ -35,6 +35,7 @@ MESHES = ["data:8", "data:2,fsdp:4", "data:2,fsdp:2,tensor:2", "fsdp:8", "tensor
 
 @pytest.mark.slow(20)
 @pytest.mark.parametrize("spec", MESHES)
+@pytest.mark.extended(keep=["data:2,fsdp:2,tensor:2"])
 def test_every_mesh_equals_single_device(reference, spec):
     batches, params, losses = reference
     state, mesh_losses = _train(sharding.make_mesh(spec), batches)
@@ -72,6 +73,7 @@ def test_gradient_accumulation_equals_full_batch(reference):
 
 @pytest.mark.slow(15)
 @pytest.mark.parametrize("policy", ["full", "dots_saveable"])
+@pytest.mark.extended
 def test_remat_changes_memory_not_results(reference, policy):
     batches, params, losses = reference
     config = dataclasses.replace(TINY, remat_policy=policy)
@@ -123,6 +125,7 @@ def test_global_batch_is_the_local_rows_on_the_mesh():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_hosts", [2, 4])
+@pytest.mark.extended
 def test_mocked_hosts_read_disjoint_data_covering_all(tmp_path, num_hosts):
     docs = synthetic.make_documents(40, seed=3, max_sentences=4, max_len=6)
     data_dir = synthetic.write_shards(

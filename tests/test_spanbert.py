@@ -548,6 +548,7 @@ def test_schedule_is_spanberts_polynomial_decay():
 
 
 @pytest.mark.slow(30)
+@pytest.mark.extended
 def test_microbatched_and_sharded_steps_equal_the_single_device_step():
     mesh_training.assert_layouts_equal_one_device(
         lambda: SpanBoundary(TINY, DATA), [_batch(16, seed=s) for s in range(2)]

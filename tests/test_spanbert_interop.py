@@ -141,6 +141,7 @@ def test_published_folder_imports_as_bert(published, tmp_path, caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_encode_cli_and_glue_take_the_import(published, tmp_path):
     directory, workdir, theirs, _ = published
     features = hf_parity.encode_lines(
@@ -244,6 +245,7 @@ def _spanbert_tree(config: EncoderConfig, seed: int) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_spanbert_tree_exports_as_bert_for_masked_lm(tmp_path, caplog):
     """Our SpanBERT workdir (vocab padded to 128 rows) -> export: BertForMaskedLM with our
     MLM logits, no SBO head (a warning); import(export) gives the BERT parts bit for bit."""

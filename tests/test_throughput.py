@@ -30,6 +30,7 @@ class SlowMaskedLM(MaskedLM):
 
 
 @pytest.mark.slow(30)
+@pytest.mark.extended
 def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatch, synthetic_shards):
     logged = []  # (wall clock, step, values) of every train log line, when it is written
     write = metrics_log.MetricsWriter.write
@@ -71,6 +72,7 @@ def test_logged_rates_eta_and_summary_follow_the_wall_clock(tmp_path, monkeypatc
 
 
 @pytest.mark.slow(20)
+@pytest.mark.extended
 def test_finetuning_rates_follow_the_wall_clock(monkeypatch):
     from finetune import trainer as finetune_trainer
     from finetune.tasks import TASKS

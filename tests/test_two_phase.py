@@ -40,12 +40,14 @@ def uninterrupted(tmp_path_factory, synthetic_shards):
 
 
 @pytest.mark.slow(25)
+@pytest.mark.extended
 def test_switches_length_and_predictions(tmp_path, synthetic_shards, traced_shapes):
     _two_phase(tmp_path, synthetic_shards)
     assert traced_shapes == [((16, 32), (16, 5)), ((16, 64), (16, 10))]
 
 
 @pytest.mark.slow(60)
+@pytest.mark.extended
 def test_resume_in_either_phase_equals_uninterrupted(tmp_path, synthetic_shards, uninterrupted, monkeypatch):
     """Stopped (SIGTERM) in phase 1, at the switch and in phase 2, one after the other, and
     resumed each time: the final parameters are the uninterrupted run's."""
