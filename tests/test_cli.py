@@ -105,6 +105,7 @@ def test_every_error_class_is_a_user_error():
     assert len(found) >= 15
 
 
+@pytest.mark.slow
 def test_demo_task_smoke(tmp_path, capsys):
     from finetune import demo_task
 

@@ -151,6 +151,7 @@ def test_submission_files_one_line_per_test_row(glue, tmp_path):
     assert sorted(written) == sorted(submission.SUBMISSION_FILES)
 
 
+@pytest.mark.slow
 def test_demo_task_layout(tmp_path):
     folder = demo_task.make_task(str(tmp_path), train=40, dev=10, test=6)
     data = read_glue_dir(str(tmp_path), TASKS["word_order"])

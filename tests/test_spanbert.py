@@ -232,6 +232,7 @@ def test_budget_is_ceil_of_fifteen_percent_of_the_block(candidates):
     assert capped["masked_lm_weights"].sum() == min(4, math.ceil(candidates * 0.15))
 
 
+@pytest.mark.slow
 def test_spans_are_whole_words_merged_and_their_boundaries_unmasked():
     rng = np.random.default_rng(3)
     for seed in range(200):

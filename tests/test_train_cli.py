@@ -66,6 +66,7 @@ def _tree_hash(directory):
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra, message",
     [
