@@ -324,6 +324,7 @@ def _matmul_flops(jaxpr):
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharing", ["none", "all"])
 @pytest.mark.parametrize("embedding_size", [None, 8])
 def test_flops_formula_matches_the_traced_matmuls(unshared, sharing, embedding_size):

@@ -254,6 +254,7 @@ def test_spans_are_whole_words_merged_and_their_boundaries_unmasked():
         assert all(b[0] - a[1] >= 2 for a, b in zip(runs, runs[1:]))
 
 
+@pytest.mark.slow
 def test_one_replacement_decision_per_span_and_unigram_random_tokens():
     rng = np.random.default_rng(4)
     kinds = {"mask": 0, "kept": 0, "random": 0}
@@ -559,6 +560,7 @@ def test_microbatched_and_sharded_steps_equal_the_single_device_step():
 # ---- the pipeline on real WordPiece shards ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_manifest_keeps_the_train_unigram_counts(text_shards, tmp_path):
     manifest = shards.load_manifest(text_shards)
     counts = manifest.unigram_counts()
