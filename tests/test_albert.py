@@ -165,6 +165,7 @@ def _flops(config):
     return MaskedLM(config, PipelineConfig(max_seq_length=64, max_predictions_per_seq=P)).flops_per_row(L, P)
 
 
+@pytest.mark.slow
 def test_sharing_saves_parameters_not_flops():
     counts = {s: count_params(abstract_params(dataclasses.replace(TINY, sharing=s))) for s in SHARED_NAME}
     counts["none"] = count_params(abstract_params(TINY))
@@ -178,6 +179,7 @@ def test_sharing_saves_parameters_not_flops():
 
 # ALBERT Table 4 (ALBERT-base, E = 128): not-shared 89M, shared-attention 64M, shared-FFN 38M,
 # all-shared 12M; Table 3 (all-shared): E = 64 10M, 128 12M, 256 16M, 768 31M.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sharing, embedding_size, published",
     [

@@ -138,6 +138,7 @@ def test_demo_corpus():
     assert not any(s.startswith((">>>", "def ", "import ")) or "``" in s or "::" in s for s in sentences)
 
 
+@pytest.mark.slow
 def test_is_heldout_rate_and_stability():
     docs = corpora.demo_documents()
     heldout = [corpora.is_heldout(d, 0.1) for d in docs]

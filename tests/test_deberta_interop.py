@@ -381,6 +381,7 @@ def test_deberta_v3_workdir_exports_discriminator_and_generator(tmp_path, capsys
     assert max(diffs.values()) <= TOLERANCE, diffs
 
 
+@pytest.mark.slow
 def test_legacy_names_and_tied_aliases(tmp_path, capsys):
     """A legacy=True folder (cls.predictions.*, decoder tied to the word table and to
     cls.predictions.bias) imports to the same arrays as its legacy=False form; a stored

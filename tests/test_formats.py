@@ -106,6 +106,7 @@ def _albert_random_b(other, start, target_b_length):
     return tokens_b
 
 
+@pytest.mark.slow
 def test_sop_one_sentence_chunk_takes_b_from_another_document_with_label_1():
     # ALBERT (create_instances_from_document, random_next_sentence=False): a chunk of one
     # sentence has no B of its own, so B comes from a random other document and
@@ -314,6 +315,7 @@ def test_full_sentences_rows_in_the_pipeline(data_dir):
     assert crossed > 0, "rows do cross documents"
 
 
+@pytest.mark.slow
 def test_doc_sentences_rows_in_the_pipeline(data_dir):
     config = _config(format="doc_sentences", sentence_objective="none")
     packed_rows = 0

@@ -85,6 +85,7 @@ def test_same_seed_same_mask_other_seed_other_mask():
     assert not np.array_equal(a["masked_lm_positions"], c["masked_lm_positions"])
 
 
+@pytest.mark.slow
 def test_inside_tf_data_matches_eager():
     rows = [_row(np.random.default_rng(i), 40) for i in range(5)]
     eager = [_mask(r, i)["input_ids"].numpy() for i, r in enumerate(rows)]

@@ -125,6 +125,7 @@ def test_albert_gin_files(name, sizes):
 
 
 # The released checkpoints' sizes (issue 3; ALBERT's paper rounds them up, xxlarge to 235M).
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, published",
     [
@@ -355,6 +356,7 @@ def _largest_array(fn, *args):
     return max(np.prod(s) for s in _all_shapes(jax.make_jaxpr(fn)(*args).jaxpr))
 
 
+@pytest.mark.slow
 def test_mlm_head_never_builds_full_vocab_logits(tiny):
     model, variables = tiny
     batch = make_batch()
@@ -567,6 +569,7 @@ def test_summary_cli(monkeypatch, capsys):
     )
 
 
+@pytest.mark.slow
 def test_summary_cli_follows_the_recipe_objective(monkeypatch, capsys):
     """RoBERTa's recipe makes no sentence labels, so its model has no sentence head."""
     monkeypatch.chdir(ROOT)

@@ -295,6 +295,7 @@ def test_random_tokens_are_drawn_from_the_unigram_counts():
     assert 0.5 * np.abs(freq - expected).sum() < 0.03
 
 
+@pytest.mark.slow
 def test_sbo_pairs_and_targets_are_the_originals():
     """Given the same masked spans, our SBO keys are span_masking's pair_targets (endpoints
     'external', [CLS] offset, 15 targets per span)."""
