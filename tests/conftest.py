@@ -18,6 +18,7 @@ tests start (the training CLI, the fault-injection runs) inherit it.
 - TensorFlow's quiet, Keras-free start (core/tf_env.py), as every tool sets it.
 """
 
+import gc
 import os
 
 import pytest
@@ -78,6 +79,17 @@ def pytest_collection_modifyitems(items):
         return marker.args[0] if marker and marker.args else 0
 
     items.sort(key=seconds, reverse=True)
+
+
+def pytest_collection_finish(session):
+    """Moves every object alive after collection (the modules of TensorFlow, JAX, torch and
+    transformers that the test modules import: millions of objects) out of the garbage
+    collector's view (`gc.freeze`). Python's full collections during the tests, the five that
+    pytest runs at the end of each process (its unraisable-exception check) and the one at
+    interpreter exit would otherwise traverse them all, about a second each per worker; none
+    of them is garbage."""
+    del session
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
