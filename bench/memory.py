@@ -66,6 +66,7 @@ def _run(args) -> None:
         optimizer=optimizer,
         schedule=schedule,
         partitioner=partitioner,
+        batch_size=args.batch_size,
         microbatches=args.microbatches,
     )
     spec = objective.batch_spec(args.batch_size, args.seq_len, args.num_predictions)

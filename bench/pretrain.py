@@ -174,6 +174,7 @@ def _run(args) -> None:
             optimizer=optimizer,
             schedule=schedule,
             partitioner=partitioner,
+            batch_size=batch_size,
             donate="donation" not in without,
             dropout_prng=dropout_prng,
         )

@@ -11,6 +11,13 @@ step has its iterator files; iterator folders of steps orbax no longer keeps are
 Restoring both gives an exact resume: same step, parameters, optimizer state, schedule
 position, and the next batch is the one the interrupted run would have seen.
 
+State an objective carries from step to step (`TrainState.carry`, XLNet's memories) belongs
+to the rows of the data stream it was saved with. It is saved unless the run says not to
+(`save_carry=False`); it is restored only with that stream's position: a checkpoint without
+it, or a stream that restarts (`reset_iterator`), gives a state whose carry is None, which
+the caller starts from its initial value; a checkpoint whose carry has another number of
+rows (another global batch size) is an error, or with `reset_iterator` a restart of both.
+
 A save killed half-way leaves only orbax's temporary folder, which is never a step, so
 "latest" is always a complete checkpoint. A finalised checkpoint that is damaged later
 (truncated or deleted files) fails to restore: `restore_latest` reports it in one line,
@@ -74,7 +81,8 @@ class CheckpointError(UserError):
 
 
 class IteratorMismatchError(CheckpointError):
-    """An intact checkpoint whose data-iterator state another input pipeline wrote."""
+    """An intact checkpoint whose data-iterator state another input pipeline wrote, or whose
+    carried state belongs to other rows."""
 
 
 def _absolute(path: str) -> str:
@@ -166,6 +174,18 @@ def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
         )
         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
     }
+
+
+def _has_carry(saved: Any) -> bool:
+    """Whether a checkpoint's metadata tree (`saved_tree`) holds a carried state (checkpoints
+    of objectives that carry nothing, of runs that do not save it, and of versions before it
+    existed do not)."""
+    return isinstance(saved, dict) and saved.get("carry") is not None
+
+
+def _without_carry(state: Any) -> Any:
+    """A train state (or its abstract tree) without its carried state."""
+    return state.replace(carry=None) if getattr(state, "carry", None) is not None else state
 
 
 def state_bytes(state: Any) -> int:
@@ -335,8 +355,9 @@ def orbax_reports_held():
 class Checkpointer:
     """Saves and restores (train state, data iterator) pairs in `workdir`."""
 
-    def __init__(self, workdir: str, *, max_to_keep: int = 3):
+    def __init__(self, workdir: str, *, max_to_keep: int = 3, save_carry: bool = True):
         self.workdir = workdir
+        self._save_carry = save_carry
         self.directory = os.path.join(_absolute(workdir), "checkpoints")
         self._iterators_dir = os.path.join(workdir, "data_iterators")
         self._max_to_keep = max_to_keep
@@ -359,6 +380,8 @@ class Checkpointer:
         `iterator` unless it is None; a failure of this save, or of the previous one, is a
         CheckpointError naming that step."""
         self.wait()  # surfaces a failure of the previous async save
+        if not self._save_carry:
+            state = _without_carry(state)
         try:
             if iterator is not None:
                 import tensorflow as tf  # the input pipeline's: a step without one needs none
@@ -438,21 +461,23 @@ class Checkpointer:
         starts its stream afresh (one warning line).
         """
         while (step := self.latest_step()) is not None:
-            self._check_compatible(step, abstract_state)
+            saved = self._check_compatible(step, abstract_state)
             error = None
             try:
                 self._check_host_count(step)
-                state = self.restore(step, abstract_state, iterator_for(step))
+                self._check_carry_rows(step, saved, abstract_state)
+                state = self.restore(step, abstract_state, iterator_for(step), saved=saved)
             except IteratorMismatchError:
                 if not reset_iterator:
                     raise
                 log.warning(
-                    "checkpoint step %d: the data stream restarts from its beginning "
-                    "(run.reset_data_iterator; the input pipeline changed since it was saved)",
+                    "checkpoint step %d: the data stream restarts from its beginning, and any "
+                    "carried state from its initial value (run.reset_data_iterator; the input "
+                    "pipeline, host count or batch size changed since it was saved)",
                     step,
                 )
                 iterator_for(step)  # a new one: the failed read leaves the old one unusable
-                return self._restore_state(step, abstract_state), step
+                return self._restore_state(step, _without_carry(abstract_state), saved), step
             except Exception as e:  # pylint: disable=broad-except  (tensorstore/TF errors of damaged files)
                 error = e
             # Every host must take the same step, even when only one host's files are damaged.
@@ -480,12 +505,31 @@ class Checkpointer:
                 "the data stream"
             )
 
-    def restore(self, step: int, abstract_state: Any, iterator: tf.data.Iterator | None) -> Any:
+    def _check_carry_rows(self, step: int, saved: Any, abstract_state: Any) -> None:
+        """IteratorMismatchError when the step's carried state has another number of rows
+        than this run's (another global batch size): attached to this run's rows, it would
+        continue other rows' streams."""
+        if getattr(abstract_state, "carry", None) is None or not _has_carry(saved):
+            return
+        saved_rows = {shape[0] for shape in _shapes(saved["carry"]).values()}
+        rows = {shape[0] for shape in _shapes(abstract_state.carry).values()}
+        if saved_rows != rows:
+            raise IteratorMismatchError(
+                f"checkpoint step {step} in {self.directory} carries state for global batches of "
+                f"{min(saved_rows)} rows, this run's have {min(rows)}: resume with "
+                f"run.batch_size = {min(saved_rows)}, or bind run.reset_data_iterator = True to keep "
+                "the model and optimizer state and restart the data stream and the carried state"
+            )
+
+    def restore(
+        self, step: int, abstract_state: Any, iterator: tf.data.Iterator | None, *, saved: Any = None
+    ) -> Any:
         """Restores step `step` into the shardings of `abstract_state`, and the iterator (unless
-        None) in place."""
+        None) in place. A carry is restored when the checkpoint holds one; otherwise the
+        state's carry is None. saved: the step's metadata tree (`saved_tree`), when read."""
         if iterator is not None:
             self._restore_iterator(step, iterator)
-        return self._restore_state(step, abstract_state)
+        return self._restore_state(step, abstract_state, saved)
 
     def _restore_iterator(self, step: int, iterator: tf.data.Iterator) -> None:
         import tensorflow as tf  # the input pipeline's
@@ -507,14 +551,34 @@ class Checkpointer:
                 "the data stream"
             ) from None
 
-    def _restore_state(self, step: int, abstract_state: Any) -> Any:
+    def _restore_state(self, step: int, abstract_state: Any, saved: Any = None) -> Any:
+        if saved is None:
+            saved = saved_tree(os.path.join(self.directory, str(step), "state"))
+        if not _has_carry(saved):  # saved without one: the state's carry is None too
+            abstract_state = _without_carry(abstract_state)
+        if hasattr(abstract_state, "carry") and (
+            "carry" not in saved or (_has_carry(saved) and abstract_state.carry is None)
+        ):
+            # A checkpoint of a version before carried state existed, or a saved carry that is
+            # not wanted (its stream restarts): orbax's partial restore reads the rest, with a
+            # handler of its own (the manager's is the one its saves registered).
+            return ocp.PyTreeCheckpointer().restore(
+                os.path.join(self.directory, str(step), "state"),
+                args=ocp.args.PyTreeRestore(
+                    abstract_state,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
+                    partial_restore=True,
+                ),
+            )
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
         )
         return restored["state"]
 
-    def _check_compatible(self, step: int, abstract_state: Any) -> None:
-        """Raises CheckpointError when an intact checkpoint holds a differently shaped state.
+    def _check_compatible(self, step: int, abstract_state: Any) -> Any:
+        """Raises CheckpointError when an intact checkpoint holds a differently shaped model or
+        optimizer state (the carry is `_check_carry_rows`'s). Returns the step's metadata tree
+        (`saved_tree`), or None when it is unreadable.
 
         Reads only orbax's metadata (shapes); unreadable metadata is left to `restore`,
         which then treats the checkpoint as damaged.
@@ -523,7 +587,7 @@ class Checkpointer:
             saved = saved_tree(os.path.join(self.directory, str(step), "state"))
             saved_params = _shapes(saved["params"])
         except Exception:  # pylint: disable=broad-except
-            return
+            return None
         wanted_params = _shapes(abstract_state.params)
         fix = "use a new --workdir, or the config this run was started with"
         if saved_params.keys() != wanted_params.keys():
@@ -538,10 +602,11 @@ class Checkpointer:
                     f"checkpoint step {step} in {self.directory} has parameter {key} of shape "
                     f"{saved_params[key]}, the config gives {shape}: {fix}"
                 )
-        if sorted(_shapes(saved).values()) != sorted(_shapes(abstract_state).values()):
+        if sorted(_shapes(saved["opt_state"]).values()) != sorted(_shapes(abstract_state.opt_state).values()):
             raise CheckpointError(
                 f"checkpoint step {step} in {self.directory} holds another optimizer state: {fix}"
             )
+        return saved
 
     def _quarantine(self, step: int) -> str:
         """Moves a damaged step (and its iterator state) to bad_checkpoints/; returns where."""

@@ -31,24 +31,31 @@ class TrainState:
     step: [] int32, the number of completed optimizer steps.
     params: the parameter tree (param dtype, float32 by default).
     opt_state: the optax state of `params`.
+    carry: what the objective carries from one step to the next (XLNet's memories), every
+      leaf with the global batch's rows first, so that microbatches and the mesh split it
+      with the rows it belongs to; None for objectives that carry nothing
+      (pretrain/objectives/base.py `Objective.init_carry`).
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
+    carry: Any = None
 
 
 class StateFactory:
     """Creates TrainStates born sharded: eval_shape -> logical specs -> jit(init).
 
     init_params(rng) returns the parameter tree with its nn.Partitioned boxes (a module's
-    `init(...)["params"]`); the optimizer state inherits the boxes' axes. The init is
-    compiled once: calling the factory with another rng (a fine-tuning seed) reuses it.
+    `init(...)["params"]`); the optimizer state inherits the boxes' axes. init_carry(), when
+    given, returns the initial carried state, boxed the same way (batch axis first). The init
+    is compiled once: calling the factory with another rng (a fine-tuning seed) reuses it.
 
     Attributes:
       shardings: TrainState of NamedShardings, the layout of every state this makes.
       abstract: TrainState of ShapeDtypeStructs with those shardings: enough to lower and
         compile a step, or to restore a checkpoint into, allocating nothing.
+      initial_carry: CarryFactory of the carry alone (`initial_carry()`: its initial value).
     """
 
     def __init__(
@@ -56,10 +63,16 @@ class StateFactory:
         init_params: Callable[[jax.Array], Any],
         optimizer: optax.GradientTransformation,
         partitioner: Partitioner,
+        init_carry: Callable[[], Any] | None = None,
     ):
         def init_boxed(key):
             params = init_params(key)
-            return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params))
+            return TrainState(
+                step=jnp.zeros([], jnp.int32),
+                params=params,
+                opt_state=optimizer.init(params),
+                carry=init_carry() if init_carry is not None else None,
+            )
 
         self._partitioner = partitioner
         with partitioner:
@@ -68,11 +81,39 @@ class StateFactory:
         # Unboxed outside the mesh: unboxing inside it would apply sharding constraints.
         self.abstract: TrainState = shaped_like(nn.meta.unbox(boxed), self.shardings)
         self._init = jax.jit(lambda key: nn.meta.unbox(init_boxed(key)), out_shardings=self.shardings)
+        self.initial_carry = CarryFactory(init_carry, partitioner)
 
     def __call__(self, rng: jax.Array) -> TrainState:
-        """A fresh state from `rng` (parameters initialised, step 0, optimizer state zero)."""
+        """A fresh state from `rng` (parameters initialised, step 0, optimizer state zero,
+        the carry at its initial value)."""
         with self._partitioner:
             return self._init(rng)
+
+
+class CarryFactory:
+    """The initial value of an objective's carried state, born sharded like StateFactory's
+    states: what a stream that starts again (a warm start, a restarted data stream, a
+    checkpoint saved without its carry, evaluation's own stream) continues from.
+
+    init_carry() returns it boxed with its logical axes (batch axis first), or None when
+    nothing is carried (then calling the factory returns None).
+
+    Attributes:
+      shardings, abstract: as StateFactory's, of the carry.
+    """
+
+    def __init__(self, init_carry: Callable[[], Any] | None, partitioner: Partitioner):
+        init = init_carry if init_carry is not None else lambda: None
+        self._partitioner = partitioner
+        with partitioner:
+            boxed = jax.eval_shape(init)
+            self.shardings = partitioner.shardings(boxed)
+        self.abstract = shaped_like(nn.meta.unbox(boxed), self.shardings)
+        self._init = jax.jit(lambda: nn.meta.unbox(init()), out_shardings=self.shardings)
+
+    def __call__(self) -> Any:
+        with self._partitioner:
+            return self._init()
 
 
 def shaped_like(tree: Any, shardings: Any) -> Any:

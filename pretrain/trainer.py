@@ -67,6 +67,11 @@ class RunSettings:
       eval_batches: held-out batches (of batch_size rows) per evaluation.
       eval_at_start: also evaluate the initial parameters (the demo reports start vs end).
       max_checkpoints: checkpoints kept (older ones are deleted).
+      checkpoint_carry: checkpoints hold the state the objective carries from step to step
+        (XLNet's memories; nothing for the other objectives), so that a resume continues
+        exactly. False leaves it out (at XLNet-large's recipe it is ~36x the parameters and
+        Adam state: docs/architecture.md) and a resumed run restarts it from its initial
+        value, as the original XLNet does after every restart.
       max_skipped_steps: 0 stops the run at the first step with a non-finite loss or
         gradient norm; k > 0 skips up to k such updates (each logged) before stopping.
       dropout_prng: the PRNG of the dropout masks, one of core.prng.DROPOUT_PRNGS:
@@ -99,6 +104,7 @@ class RunSettings:
     eval_at_start: bool = False
     checkpoint_every: int = 1000
     max_checkpoints: int = 3
+    checkpoint_carry: bool = True
     max_skipped_steps: int = 0
     dropout_prng: str = "threefry"
     reset_data_iterator: bool = False
@@ -114,7 +120,7 @@ class RunSettings:
             value = getattr(self, name)
             if not (value is None and name == "phase2_start") and not _is_int(value):
                 raise ConfigError(f"run.{name} must be an integer, got {value!r}")
-        for name in ("eval_at_start", "reset_data_iterator"):
+        for name in ("eval_at_start", "checkpoint_carry", "reset_data_iterator"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"run.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every", "max_checkpoints"):
@@ -210,13 +216,16 @@ class Trainer:
             optimizer=optimizer,
             schedule=schedule,
             partitioner=self.partitioner,
+            batch_size=s.batch_size,
             microbatches=s.microbatches,
             skip_nonfinite=s.max_skipped_steps > 0,
             dropout_prng=s.dropout_prng,
         )
-        abstract = self.steps.states.abstract
-        checkpointing.check_free_space(workdir, checkpointing.state_bytes(abstract), s.max_checkpoints)
-        self.ckpt = Checkpointer(workdir, max_to_keep=s.max_checkpoints)
+        saved = self.steps.states.abstract
+        if not s.checkpoint_carry:
+            saved = saved.replace(carry=None)
+        checkpointing.check_free_space(workdir, checkpointing.state_bytes(saved), s.max_checkpoints)
+        self.ckpt = Checkpointer(workdir, max_to_keep=s.max_checkpoints, save_carry=s.checkpoint_carry)
         self.writer = MetricsWriter(workdir)
 
     def _check_batch_keys(self) -> tuple[str, ...]:
@@ -283,6 +292,8 @@ class Trainer:
                 self.workdir,
                 self.phases.index(resumed_from) + 1,
             )
+            if state.carry is None:  # not saved, or its rows' stream restarts: from its start
+                state = state.replace(carry=self.steps.states.initial_carry())
             return state, iterators[resumed_from], resumed_from
         state = self.steps.states(jax.random.key(s.seed))
         if s.init_from is not None:
@@ -324,10 +335,12 @@ class Trainer:
             shuffle=False,
         )
         totals = None
+        carry = self.steps.eval_carry()  # evaluation's stream, from its start every time
         with self.partitioner:
             for index, batch in enumerate(ds.take(s.eval_batches * s.microbatches).as_numpy_iterator()):
                 inputs = self.partitioner.global_batch({k: batch[k] for k in self.batch_keys})
-                sums = jax.device_get(self.steps.eval_step(params, inputs, index))
+                sums, carry = self.steps.eval_step(params, inputs, index, carry)
+                sums = jax.device_get(sums)
                 totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
         values = {k: float(v) for k, v in self.objective.summarize(totals).items()}
         self.writer.write(step, "eval", values)
@@ -356,6 +369,8 @@ class Trainer:
             while step < s.steps and not stopping:
                 if step == s.phase2_start:
                     iterator = self.train_iterator(step)
+                    # The carry belongs to phase 1's stream, whose rows end here.
+                    state = state.replace(carry=self.steps.states.initial_carry())
                     log.info("step %d: phase 2, %s", step, self.phases.describe(step))
                 local = {k: v.numpy() for k, v in next(iterator).items() if k in self.batch_keys}
                 config = self.phases.config(step)

@@ -72,6 +72,7 @@ def train(
         optimizer=optimizer,
         schedule=schedule,
         partitioner=partitioner,
+        batch_size=len(next(iter(batches[0].values()))),
         microbatches=microbatches,
     )
     state, losses = steps.states(jax.random.key(0)), []

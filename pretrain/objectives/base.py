@@ -22,9 +22,10 @@ How the known and coming members fit (docs/architecture.md has the full picture)
   boundary head; the loss adds its sum / (targets + 1).
 - DeBERTa v3: RTD as ELECTRA; gradient-disentangled embedding sharing is a stop_gradient
   inside the module (one optimizer, one parameter tree).
-- XLNet (later): memories carried from step to step would become a `carry` entry of the
-  train state that `loss` reads and returns; its continuing data stream is a pipeline
-  format (data/pipeline.py), not a trainer change.
+- XLNet (next): its Transformer-XL memories are carried state: `init_carry` declares them
+  for a global batch (zeros, rows first) and `loss_with_carry` reads the rows' memories and
+  returns the new ones, which the train state keeps (core/state.py `TrainState.carry`);
+  its continuing data stream is a pipeline format (data/pipeline.py), not a trainer change.
 
 Conventions every objective keeps:
 - the pretraining tree's `encoder` subtree is the model that fine-tuning, export,
@@ -32,7 +33,9 @@ Conventions every objective keeps:
 - `loss` works on any slice of rows of the batch, given `normalizers` of the whole batch:
   then the gradients of k microbatches sum to the gradient of the whole batch;
 - metric values are sums (float32 scalars) so that they add across microbatches,
-  steps and evaluation batches; `summarize` turns sums into means.
+  steps and evaluation batches; `summarize` turns sums into means;
+- carried state belongs to rows: every leaf has the batch's rows first, and row r's new
+  carry depends only on row r (microbatches split and rejoin it by rows).
 """
 
 from __future__ import annotations
@@ -109,6 +112,38 @@ class Objective(abc.ABC):
         The loss is this slice's share of the whole batch's loss (its sums divided by
         `normalizers`), so shares add up over microbatches.
         """
+
+    def init_carry(self, batch_size: int) -> Any:
+        """The state carried from each step to the next for a global batch of `batch_size`
+        rows, at its initial value (XLNet: zero memories), each leaf boxed with its logical
+        axes (nn.LogicallyPartitioned, as the parameters are), the batch axis (core/axes.py
+        BATCH) first; None (the default) carries nothing.
+
+        The step keeps it in the train state; checkpoints hold it (unless the run says not
+        to); a data stream that starts again (a warm start, a restarted or new phase's stream,
+        a checkpoint without it) starts it from this value again, and so does a skipped
+        non-finite step.
+        """
+        del batch_size
+        return None
+
+    def loss_with_carry(
+        self,
+        params: Any,
+        batch: Batch,
+        carry: Any,
+        rngs: Mapping[str, jax.Array],
+        normalizers: Mapping[str, jax.Array],
+        *,
+        train: bool,
+    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+        """(loss, metric sums, new carry) of `batch`, a slice of rows, given `carry`, those
+        rows' carried state (unboxed; None when nothing is carried). The step differentiates
+        the loss only: the new carry is a constant to the next step, as Transformer-XL's
+        stop-gradient memories are. The default, for objectives that carry nothing, is
+        `loss` with the carry passed through."""
+        loss, sums = self.loss(params, batch, rngs, normalizers, train=train)
+        return loss, sums, carry
 
     @abc.abstractmethod
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
