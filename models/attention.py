@@ -186,6 +186,18 @@ def attention_dropout_key(module: nn.Module) -> jax.Array:
     return module.make_rng(ATTENTION_DROPOUT if module.has_rng(ATTENTION_DROPOUT) else "dropout")
 
 
+def drop_probabilities(
+    module: nn.Module, probs: jax.Array, rate: float, bits: int, deterministic: bool, rows: jax.Array | None
+) -> jax.Array:
+    """Attention probabilities [B, N, Q, K] after `module`'s attention dropout (none when
+    deterministic or rate 0), drawn per row (`rows`: the rows' places in the global batch)
+    from `attention_dropout_key`: for the attention paths that compute their probabilities
+    themselves (DeBERTa's, XLNet's)."""
+    if deterministic or rate == 0.0:
+        return probs
+    return dropout(probs, rate, attention_dropout_key(module), bits=bits, rows=rows)
+
+
 @functools.cache
 def log_choice(implementation: str, reason: str) -> None:
     """Logs each distinct decision once per process (a step is traced more than once)."""

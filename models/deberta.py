@@ -50,9 +50,9 @@ import numpy as np
 from core import axes
 from core.errors import ConfigError
 from models import matmul
-from models.attention import MASKED_LOGIT, attention_dropout_key
+from models.attention import MASKED_LOGIT, drop_probabilities
 from models.disentangled import relative_index
-from models.dropout import Dropout, dropout
+from models.dropout import Dropout
 from models.encoder import (
     REMAT_POLICIES,
     EncoderConfig,
@@ -187,14 +187,9 @@ class DisentangledSelfAttention(nn.Module):
         scores = disentangled_scores(cfg, query, key, relative_query, relative_key, rel_index)
         probs = jax.nn.softmax(jnp.where(mask, scores, MASKED_LOGIT), axis=-1)
         probs = jnp.where(mask, probs, 0.0)
-        if not deterministic and cfg.attention_dropout_rate > 0.0:
-            probs = dropout(
-                probs,
-                cfg.attention_dropout_rate,
-                attention_dropout_key(self),
-                bits=cfg.dropout_bits,
-                rows=rows,
-            )
+        probs = drop_probabilities(
+            self, probs, cfg.attention_dropout_rate, cfg.dropout_bits, deterministic, rows
+        )
         context = matmul.einsum(
             "bnqk,bknd->bqnd", probs, value, cfg.compute_dtype, accumulate_f32=cfg.accumulate_f32
         ).astype(cfg.compute_dtype)

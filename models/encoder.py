@@ -65,6 +65,7 @@ from models.attention import (
 from models.attention import platform as attention_platform
 from models.disentangled import DisentangledConfig
 from models.dropout import DROPOUT_BITS, Dropout
+from models.xlnet_options import XLNetOptions
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # HF configs' "gelu" is the exact erf form. google-research/bert's modeling.py used erf
@@ -152,6 +153,8 @@ class EncoderConfig:
       disentangled: DeBERTa's disentangled attention and its options
         (models/disentangled.py); None = BERT's absolute positions and attention. Set,
         `encoder_module` builds models/deberta.py's encoder from this same config.
+      xlnet: XLNet's memory and relative-position options (models/xlnet_options.py); set,
+        the model is XLNet's two-stream encoder (models/xlnet.py).
     """
 
     vocab_size: int = 30522
@@ -180,13 +183,16 @@ class EncoderConfig:
     pooler: bool = True
     classifier_head: str = "pooler"
     disentangled: DisentangledConfig | None = None
+    xlnet: XLNetOptions | None = None
 
     def __post_init__(self):
-        if isinstance(self.disentangled, dict):  # as model_config.json stores it
-            known = {field.name for field in dataclasses.fields(DisentangledConfig)}
-            if unknown := sorted(set(self.disentangled) - known):
-                raise ConfigError(f"EncoderConfig.disentangled has fields this code does not know: {unknown}")
-            object.__setattr__(self, "disentangled", DisentangledConfig(**self.disentangled))
+        for name, options in (("disentangled", DisentangledConfig), ("xlnet", XLNetOptions)):
+            value = getattr(self, name)
+            if isinstance(value, dict):  # as model_config.json stores it
+                known = {field.name for field in dataclasses.fields(options)}
+                if unknown := sorted(set(value) - known):
+                    raise ConfigError(f"EncoderConfig.{name} has fields this code does not know: {unknown}")
+                object.__setattr__(self, name, options(**value))
 
         def fail(name: str, requirement: str) -> None:
             raise ConfigError(f"EncoderConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
@@ -241,14 +247,27 @@ class EncoderConfig:
 
         if self.classifier_head not in HEADS:
             fail("classifier_head", f"one of {tuple(HEADS)}")
-        if self.disentangled is not None:
+        if self.disentangled is not None and self.xlnet is not None:
+            raise ConfigError(
+                "EncoderConfig.disentangled and EncoderConfig.xlnet are both set: choose one encoder"
+            )
+        for family, options in (("DeBERTa", "disentangled"), ("XLNet", "xlnet")):
+            if getattr(self, options) is None:
+                continue
             settings = (("sharing", "none"), ("scan_layers", False), ("position_offset", 0))
             for name, bert_only in (*settings, ("attention_implementation", "auto")):
                 if getattr(self, name) != bert_only:
                     raise ConfigError(
-                        f"EncoderConfig.{name}={getattr(self, name)!r} is not implemented for DeBERTa "
-                        f"(EncoderConfig.disentangled is set): use {bert_only!r}"
+                        f"EncoderConfig.{name}={getattr(self, name)!r} is not implemented for {family} "
+                        f"(EncoderConfig.{options} is set): use {bert_only!r}"
                     )
+        if self.xlnet is not None:
+            opts = self.xlnet
+            if opts.mem_len < 0 or opts.reuse_len < 0 or opts.clamp_len < -1:
+                raise ConfigError(
+                    f"XLNetOptions needs mem_len >= 0, reuse_len >= 0 and clamp_len >= -1, got {opts}"
+                )
+        if self.disentangled is not None:
             opts = self.disentangled
             reach, half = opts.max_relative(self.max_position_embeddings), opts.position_buckets // 2
             if opts.position_buckets and reach <= half + 1:
@@ -299,9 +318,12 @@ class EncoderConfig:
     def attention_choice(self, length: int, *, dropout: bool) -> tuple[str, str]:
         """(path, reason): the self-attention this config takes at `length` on this process's
         platform (models/attention.py's `choose`), with `dropout` = training; DeBERTa's
-        disentangled attention always takes its own path (models/deberta.py)."""
+        disentangled attention (models/deberta.py) and XLNet's relative attention
+        (models/xlnet.py) always take their own."""
         if self.disentangled is not None:
             return "disentangled", "DeBERTa's disentangled attention has its own path"
+        if self.xlnet is not None:
+            return "relative", "XLNet's relative two-stream attention has its own path"
         return choose(
             self.attention_implementation,
             platform=attention_platform(),
@@ -427,7 +449,7 @@ def heads_in(config: EncoderConfig, name: str, *, use_bias: bool = True) -> matm
     )
 
 
-def heads_out(config: EncoderConfig) -> matmul.Einsum:
+def heads_out(config: EncoderConfig, *, use_bias: bool = True) -> matmul.Einsum:
     """The attention output projection [B, L, N, D] -> [B, L, H] (kernel [N, D, H]), `output`."""
     return matmul.Einsum(
         (config.num_heads, config.head_dim, config.hidden_size),
@@ -437,6 +459,7 @@ def heads_out(config: EncoderConfig) -> matmul.Einsum:
         param_dtype=config.storage_dtype,
         kernel_init=kernel_init(config, (axes.HEADS, axes.KV, axes.EMBED)),
         bias_init=bias_init((axes.EMBED,)),
+        use_bias=use_bias,
         name="output",
     )
 

@@ -1,0 +1,234 @@
+"""XLNet's encoder (models/xlnet.py) against transformers' XLNetLMHeadModel, whose forward
+pass is the original's (two streams, relative positions with rel_shift, segment terms,
+memories, bi_data): the same logits, loss and new memories from the same weights, with a
+permutation mask, targets, random memories, both directions and clamp_len; and our
+query stream at the P targets equals the original's all-rows-then-gather.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch  # requirements-test.txt: the reference implementation, CPU
+import transformers
+
+from models import xlnet
+from models.encoder import EncoderConfig
+from models.xlnet_options import XLNetOptions
+from tests import jitted
+
+V, H, LAYERS, HEADS, FF = 96, 32, 2, 4, 64
+B, L, P, MEM, REUSE = 4, 10, 3, 8, 6
+TOLERANCE = 1e-5
+
+
+def _config(clamp_len=-1, mem_len=MEM):
+    return EncoderConfig(
+        vocab_size=V,
+        hidden_size=H,
+        num_layers=LAYERS,
+        num_heads=HEADS,
+        intermediate_size=FF,
+        hidden_act="gelu_tanh",
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        classifier_head="electra",
+        pooler=False,
+        type_vocab_size=0,
+        xlnet=XLNetOptions(mem_len=mem_len, reuse_len=REUSE, clamp_len=clamp_len),
+    )
+
+
+def _hf_model(bi_data, clamp_len, seed=0):
+    config = transformers.XLNetConfig(
+        vocab_size=V,
+        d_model=H,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        d_inner=FF,
+        ff_activation="gelu_new",  # the original's tanh GELU
+        untie_r=True,
+        attn_type="bi",
+        mem_len=MEM,
+        reuse_len=REUSE,
+        bi_data=bi_data,
+        clamp_len=clamp_len,
+        dropout=0.0,
+    )
+    model = transformers.XLNetLMHeadModel(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # every parameter random, LayerNorm scales around 1
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            p.copy_(1.0 + 0.1 * noise if "layer_norm.weight" in name else 0.2 * noise)
+    return model.eval()
+
+
+def _our_params(model):
+    """Our parameter tree from transformers' XLNetLMHeadModel."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    encoder = {"word_embeddings": sd["transformer.word_embedding.weight"]}
+    for i in range(LAYERS):
+        prefix = f"transformer.layer.{i}."
+        attention = {
+            name: {"kernel": sd[prefix + f"rel_attn.{theirs}"]}
+            for name, theirs in (("query", "q"), ("key", "k"), ("value", "v"), ("relative", "r"))
+        }
+        attention["output"] = {"kernel": sd[prefix + "rel_attn.o"].transpose(1, 2, 0)}
+        for ours in ("r_w", "r_r", "r_s"):
+            attention[ours] = sd[prefix + f"rel_attn.{ours}_bias"]
+        attention["seg_embed"] = sd[prefix + "rel_attn.seg_embed"]
+        encoder[f"layer_{i}"] = {
+            "attention": attention,
+            "attention_layer_norm": {
+                "scale": sd[prefix + "rel_attn.layer_norm.weight"],
+                "bias": sd[prefix + "rel_attn.layer_norm.bias"],
+            },
+            "intermediate": {
+                "kernel": sd[prefix + "ff.layer_1.weight"].T,
+                "bias": sd[prefix + "ff.layer_1.bias"],
+            },
+            "output": {"kernel": sd[prefix + "ff.layer_2.weight"].T, "bias": sd[prefix + "ff.layer_2.bias"]},
+            "output_layer_norm": {
+                "scale": sd[prefix + "ff.layer_norm.weight"],
+                "bias": sd[prefix + "ff.layer_norm.bias"],
+            },
+        }
+    head = {"mask_emb": sd["transformer.mask_emb"].reshape(H), "output_bias": sd["lm_loss.bias"]}
+    return {"params": {"encoder": encoder, "plm_head": head}}
+
+
+def _inputs(seed=0):
+    """Rows of 8 and 10 real tokens with segments 0/1/2, a permutation mask from random
+    orders (a target never sees itself or later tokens), 3 target slots of which row 0's last
+    is padding, and random memories."""
+    rs = np.random.RandomState(seed)
+    real = np.array([L, 8, L, 9])
+    input_mask = (np.arange(L)[None] < real[:, None]).astype(np.int32)
+    input_ids = rs.randint(5, V, (B, L)).astype(np.int32) * input_mask
+    segment_ids = np.broadcast_to(np.where(np.arange(L) < 5, 0, 1), (B, L)).astype(np.int32)
+    segment_ids[np.arange(B), real - 1] = 2
+    segment_ids *= input_mask
+    rank = np.stack([rs.permutation(L) for _ in range(B)])
+    visible = rank[:, None, :] < rank[:, :, None]  # [B, i, j]: j comes before i
+    target_positions = np.stack([np.sort(rs.choice(r, P, replace=False)) for r in real]).astype(np.int32)
+    target_weights = np.ones((B, P), np.float32)
+    target_weights[0, -1] = 0.0
+    memory = rs.randn(B, LAYERS, MEM, H).astype(np.float32)
+    labels = np.take_along_axis(input_ids, target_positions, axis=1)
+    return dict(
+        input_ids=input_ids,
+        segment_ids=segment_ids,
+        input_mask=input_mask,
+        visible=visible,
+        target_positions=target_positions,
+        target_weights=target_weights,
+        memory=memory,
+        labels=labels,
+    )
+
+
+def _theirs(model, x, with_memory=True):
+    target_mapping = np.zeros((B, P, L), np.float32)
+    for b in range(B):
+        for m in range(P):
+            if x["target_weights"][b, m]:
+                target_mapping[b, m, x["target_positions"][b, m]] = 1.0
+    labels = np.where(x["target_weights"] > 0, x["labels"], -100)
+    mems = (
+        [torch.tensor(x["memory"][:, i].transpose(1, 0, 2)) for i in range(LAYERS)] if with_memory else None
+    )
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(x["input_ids"], dtype=torch.long),
+            token_type_ids=torch.tensor(x["segment_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(x["input_mask"], dtype=torch.float32),
+            perm_mask=torch.tensor(~x["visible"], dtype=torch.float32),
+            target_mapping=torch.tensor(target_mapping),
+            mems=mems,
+            use_mems=True,
+            labels=torch.tensor(labels, dtype=torch.long),
+        )
+    memory = np.stack([m.numpy().transpose(1, 0, 2) for m in out.mems], axis=1)
+    return out.logits.numpy(), float(out.loss), memory
+
+
+def _ours(config, params, x, direction, with_memory=True):
+    visible = x["visible"]
+    query_visible = np.take_along_axis(visible, x["target_positions"][:, :, None], axis=1)
+    logits, memory = jitted.apply(
+        xlnet.PermutationLMModel(config),
+        params,
+        jnp.asarray(x["input_ids"]),
+        jnp.asarray(x["segment_ids"]),
+        jnp.asarray(x["input_mask"]),
+        jnp.asarray(x["target_positions"]),
+        jnp.asarray(visible),
+        jnp.asarray(query_visible),
+        deterministic=True,
+        memory=jnp.asarray(x["memory"]) if with_memory else None,
+        direction=jnp.asarray(direction, jnp.int32),
+    )
+    logits, memory = np.asarray(logits), np.asarray(memory)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = np.take_along_axis(np.asarray(logp), x["labels"][..., None], axis=-1)[..., 0]
+    loss = -(picked * x["target_weights"]).sum() / x["target_weights"].sum()
+    return logits, float(loss), memory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "bi_data, clamp_len, with_memory",
+    [(False, -1, True), (True, 5, True), (True, -1, False)],
+    ids=["forward", "bi_data_clamped", "no_memory"],
+)
+def test_matches_transformers(bi_data, clamp_len, with_memory):
+    model = _hf_model(bi_data, clamp_len)
+    x = _inputs()
+    direction = [1, 1, -1, -1] if bi_data else [1] * B
+    config = _config(clamp_len)
+    logits, loss, memory = _ours(config, _our_params(model), x, direction, with_memory)
+    their_logits, their_loss, their_memory = _theirs(model, x, with_memory)
+    real = x["target_weights"] > 0  # a padded target slot is all zeros in their target_mapping
+    np.testing.assert_allclose(logits[real], their_logits[real], atol=TOLERANCE, rtol=TOLERANCE)
+    np.testing.assert_allclose(loss, their_loss, rtol=TOLERANCE)
+    if not with_memory:  # theirs caches the first REUSE positions alone, as ours
+        their_memory = their_memory[:, :, -min(REUSE, MEM) :]
+    np.testing.assert_allclose(memory, their_memory, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.slow
+def test_relative_gather_equals_the_shift():
+    """For queries at positions 0..L-1, the gather (the query stream's) is the reshape shift
+    (the content stream's): entry (i, j) is the score against distance (M + i) - j."""
+    scores = jax.random.normal(jax.random.key(0), (2, 3, L, MEM + 2 * L))
+    positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (2, L))
+    shifted = xlnet.relative_shift(scores, MEM + L)
+    np.testing.assert_array_equal(xlnet.relative_gather(scores, positions, L, MEM + L), shifted)
+    # and by its definition: distances klen .. -L + 1 are columns 0 .. klen + L - 1
+    distances = np.asarray(xlnet.relative_distances(L, MEM + L, jnp.ones(1), -1))[0]
+    for i, j in ((0, 0), (3, MEM + 3), (L - 1, 2)):
+        column = int(np.where(distances == (MEM + i) - j)[0][0])
+        assert shifted[1, 2, i, j] == scores[1, 2, i, column]
+
+
+@pytest.mark.slow
+def test_memory_keeps_the_last_mem_len_of_each_layers_input():
+    """Layer 0's new memory is [old memory; the embeddings of the first reuse_len tokens]
+    cut to the last mem_len positions, without gradient."""
+    config = _config()
+    x = _inputs(1)
+    params = _our_params(_hf_model(False, -1))
+    _, _, memory = _ours(config, params, x, [1] * B)
+    embeddings = params["params"]["encoder"]["word_embeddings"][x["input_ids"]]
+    expected = np.concatenate([x["memory"][:, 0], embeddings[:, :REUSE]], axis=1)[:, -MEM:]
+    np.testing.assert_allclose(memory[:, 0], expected, rtol=1e-6)
+
+
+def test_options_are_checked():
+    with pytest.raises(Exception, match="XLNetOptions needs mem_len >= 0"):
+        _config(mem_len=-1)
+    with pytest.raises(Exception, match="scan_layers=True is not implemented for XLNet"):
+        dataclasses.replace(_config(), scan_layers=True)
