@@ -7,13 +7,16 @@ query stream at the P targets equals the original's all-rows-then-gather.
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch  # requirements-test.txt: the reference implementation, CPU
 import transformers
+from flax import traverse_util
 
+from core import optim
 from models import xlnet
 from models.encoder import EncoderConfig
 from models.xlnet_options import XLNetOptions
@@ -232,3 +235,29 @@ def test_options_are_checked():
         _config(mem_len=-1)
     with pytest.raises(Exception, match="scan_layers=True is not implemented for XLNet"):
         dataclasses.replace(_config(), scan_layers=True)
+
+
+def test_weight_decay_follows_the_original():
+    """The original's AdamWeightDecayOptimizer (model_utils.py) decays everything but names
+    matching LayerNorm, layer_norm or bias, except r_w_bias, r_r_bias and r_s_bias, which it
+    decays: ours decays r_w, r_r, r_s, seg_embed, mask_emb, the kernels and the word table,
+    and leaves out the layer norms, the FFN biases and the LM output bias."""
+    shapes = jax.eval_shape(
+        lambda: xlnet.PermutationLMModel(_config()).init(
+            jax.random.key(0),
+            *(jnp.zeros((1, 4), jnp.int32),) * 3,
+            jnp.zeros((1, 2), jnp.int32),
+            jnp.ones((1, 4, 4), bool),
+            jnp.ones((1, 2, 4), bool),
+            deterministic=True,
+        )
+    )
+    mask = traverse_util.flatten_dict(optim.decay_mask(nn.meta.unbox(shapes["params"])), sep="/")
+    decayed = {path for path, on in mask.items() if on}
+    layer = "encoder/layer_0/"
+    for name in ("r_w", "r_r", "r_s", "seg_embed", "query/kernel", "relative/kernel", "output/kernel"):
+        assert layer + "attention/" + name in decayed, name
+    assert {"encoder/word_embeddings", "plm_head/mask_emb", layer + "intermediate/kernel"} <= decayed
+    for name in ("attention_layer_norm/scale", "output_layer_norm/bias", "intermediate/bias"):
+        assert layer + name not in decayed, name
+    assert "plm_head/output_bias" not in decayed
