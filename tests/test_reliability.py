@@ -303,10 +303,13 @@ def test_multi_host_stop_waits_for_the_agreed_step(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_failed_save_silences_only_its_own_unawaited_writes():
+def test_a_failed_save_silences_only_its_own_unawaited_writes(monkeypatch):
     """After a failed save, Python's "coroutine ... was never awaited" about orbax's pending
     writes (seen at exit on a loaded machine, after the one error line) stays quiet; the
     same warning about any other coroutine still shows."""
+    # This test's own _SaveReports installs its hook: put back the one before it, or the
+    # module's instance would chain to this one, and this one back to it, at its next save.
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
 
     async def async_serialize_from_host():
         async def write_fragment():
