@@ -179,6 +179,26 @@ def deberta_pretraining(
     )
 
 
+def xlnet_pretraining(
+    *, hidden: int, layers: int, intermediate: int, vocab: int, seq: int, memory: int, predictions: int
+) -> float:
+    """Training FLOPs per row of XLNet's permutation LM with Transformer-XL memory.
+
+    Per layer, the content stream over the row's s tokens attends to K = memory + s keys:
+    q and output projections 2 * (2 s h h), k and v of every key 2 * (2 K h h) (the memory
+    holds hidden states, projected again each step), the relative-position projection of
+    the R = K + s distances (2 R h h, per row: each row has its direction), the FFN
+    2 * (2 s h f), and the products q.k, q.k_r, probs.v: 2 s h (2K + R). The query stream
+    at the P targets: its q and output projections, FFN and products against the same keys
+    (P in place of s, k and v shared). Then the tied LM head at the targets, 2 P h V."""
+    h, f, s, p = hidden, intermediate, seq, predictions
+    k = memory + s
+    r = k + s
+    content = 2 * s * (2 * h * h + 2 * h * f) + 2 * 2 * k * h * h + 2 * r * h * h + 2 * s * h * (2 * k + r)
+    query = 2 * p * (2 * h * h + 2 * h * f) + 2 * p * h * (2 * k + r)
+    return training(float(layers * (content + query) + 2 * p * h * vocab))
+
+
 # --- the ELECTRA paper's count (google-research/electra flops_computation.py) ---------------
 # Reported beside ours when comparing with the paper's tables. It differs from ours on
 # purpose: training is 2x forward (not 3x), embedding lookups are dense one-hot matmuls,

@@ -155,8 +155,7 @@ def test_vocab_file_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained():
-    documents = [d.sentences for d in corpora.demo_documents()[:200]]
-    return tokenizers.train_wordpiece(documents, 2000)
+    return tokenizers.train_wordpiece(_topic_documents(3000), 2000)
 
 
 def test_train_wordpiece(trained):
@@ -197,7 +196,7 @@ def test_save_and_load(trained, tmp_path):
     assert vocab_lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert len(vocab_lines) == trained.vocab_size + 1  # final newline
 
-    sentences = [s for d in corpora.demo_documents()[200:230] for s in d.sentences]
+    sentences = [s for d in _topic_documents(3150)[600:] for s in d]  # not trained on
     for path in [tmp_path / "tok", tmp_path / "tok" / "vocab.txt"]:  # directory or bare vocab
         loaded = tokenizers.load_tokenizer(str(path))
         assert loaded.identity() == trained.identity()

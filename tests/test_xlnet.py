@@ -16,11 +16,14 @@ import torch  # requirements-test.txt: the reference implementation, CPU
 import transformers
 from flax import traverse_util
 
-from core import optim
+from core import optim, sharding
+from core.errors import ConfigError
+from data.pipeline_config import PipelineConfig
 from models import xlnet
 from models.encoder import EncoderConfig
 from models.xlnet_options import XLNetOptions
-from tests import jitted
+from pretrain.objectives import PermutationLM
+from tests import jitted, mesh_training
 
 V, H, LAYERS, HEADS, FF = 96, 32, 2, 4, 64
 B, L, P, MEM, REUSE = 4, 10, 3, 8, 6
@@ -182,6 +185,7 @@ def _ours(config, params, x, direction, with_memory=True):
 
 
 @pytest.mark.slow
+@pytest.mark.extended(keep=["forward"])
 @pytest.mark.parametrize(
     "bi_data, clamp_len, with_memory",
     [(False, -1, True), (True, 5, True), (True, -1, False)],
@@ -261,3 +265,66 @@ def test_weight_decay_follows_the_original():
     for name in ("attention_layer_norm/scale", "output_layer_norm/bias", "intermediate/bias"):
         assert layer + name not in decayed, name
     assert "plm_head/output_bias" not in decayed
+
+
+# --- the objective ----------------------------------------------------------------------------
+
+PLM_REUSE = 8
+
+
+def _plm_objective():
+    config = dataclasses.replace(
+        mesh_training.SHARDABLE,
+        hidden_act="gelu_tanh",
+        xlnet=XLNetOptions(mem_len=6, reuse_len=PLM_REUSE),
+    )
+    pipeline = PipelineConfig(max_seq_length=mesh_training.L, max_predictions_per_seq=mesh_training.P)
+    return PermutationLM(config, pipeline)
+
+
+def _plm_batches(n, seed=0):
+    """Rows [reused 8 | A <sep> B <sep> <cls>] of random ids, 4 target slots off the
+    functional tokens (some padding), alternating directions."""
+    rs = np.random.RandomState(seed)
+    rows, length, slots = mesh_training.B, mesh_training.L, mesh_training.P
+    functional = np.zeros((rows, length), np.int32)
+    functional[:, [15, length - 2, length - 1]] = 1
+    segment_ids = np.where(np.arange(length) <= 15, 0, 1).astype(np.int32)[None].repeat(rows, 0)
+    segment_ids[:, -1] = 2
+    batches = []
+    for _ in range(n):
+        candidates = np.flatnonzero(functional[0] == 0)
+        positions = np.sort(np.stack([rs.choice(candidates, slots, replace=False) for _ in range(rows)]), 1)
+        batches.append(
+            {
+                "input_ids": rs.randint(5, mesh_training.SHARDABLE.vocab_size, (rows, length)).astype(
+                    np.int32
+                ),
+                "segment_ids": segment_ids,
+                "input_mask": np.ones((rows, length), np.int32),
+                "functional": functional,
+                "target_positions": positions.astype(np.int32),
+                "target_weights": (rs.rand(rows, slots) < 0.9).astype(np.float32),
+                "direction": np.where(np.arange(rows) % 2 == 0, 1, -1).astype(np.int32),
+            }
+        )
+    return batches
+
+
+@pytest.mark.slow(30)
+@pytest.mark.extended
+def test_permutation_lm_on_a_mesh_with_microbatches_equals_one_device():
+    """Three steps, each reading the memory the one before left: 2 microbatches on a data x
+    fsdp x tensor mesh give one device's losses and parameters (orders drawn per row of the
+    global batch, memories split and rejoined by rows)."""
+    batches = _plm_batches(3)
+    mesh_training.assert_layouts_equal_one_device(_plm_objective, batches)
+    state, losses = mesh_training.train(
+        sharding.make_mesh(None, jax.devices()[:1]), batches, _plm_objective()
+    )
+    assert np.isfinite(losses).all() and np.abs(np.asarray(state.carry["memory"])).max() > 0
+
+
+def test_permutation_lm_needs_xlnets_encoder():
+    with pytest.raises(ConfigError, match="PermutationLM needs XLNet's encoder"):
+        PermutationLM(mesh_training.SHARDABLE, PipelineConfig())

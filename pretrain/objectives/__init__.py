@@ -3,8 +3,9 @@
 `make_objective` is the one place a run, a benchmark or pretrain.summary gets its
 objective from: a recipe chooses it with `make_objective.objective = @MaskedLM` (the
 default), `@ElectraRTD` (configs/recipes/electra.gin), `@SpanBoundary`
-(configs/recipes/spanbert.gin), `@DebertaMLM` (configs/recipes/deberta.gin) or `@DebertaRTD`
-(configs/recipes/deberta_v3.gin). Importing the package registers
+(configs/recipes/spanbert.gin), `@DebertaMLM` (configs/recipes/deberta.gin), `@DebertaRTD`
+(configs/recipes/deberta_v3.gin) or `@PermutationLM` (XLNet; its data stream and recipe are
+still to come). Importing the package registers
 every objective with gin.
 """
 
@@ -20,6 +21,7 @@ from pretrain.objectives.base import Objective
 from pretrain.objectives.deberta import DebertaMLM, DebertaRTD
 from pretrain.objectives.electra import ElectraRTD
 from pretrain.objectives.masked_lm import MaskedLM
+from pretrain.objectives.permutation_lm import PermutationLM
 from pretrain.objectives.span_boundary import SpanBoundary
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "ElectraRTD",
     "MaskedLM",
     "Objective",
+    "PermutationLM",
     "SpanBoundary",
     "make_objective",
 ]
