@@ -41,7 +41,6 @@ CACHE_CAP_BYTES = 2**30
 
 import core.tf_env  # noqa: E402, F401  (TensorFlow's environment, before TensorFlow is imported)
 
-
 # What the second worker imports before collection (the first collects at once, and its first
 # test modules import TensorFlow first): on a fresh venv, whose libraries have no bytecode yet
 # (`pip install --no-compile`), the two workers then compile different halves of the heavy
