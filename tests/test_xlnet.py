@@ -18,6 +18,7 @@ from flax import traverse_util
 
 from core import optim, sharding
 from core.errors import ConfigError
+from core.state import count_params
 from data.pipeline_config import PipelineConfig
 from models import xlnet
 from models.encoder import EncoderConfig
@@ -241,13 +242,10 @@ def test_options_are_checked():
         dataclasses.replace(_config(), scan_layers=True)
 
 
-def test_weight_decay_follows_the_original():
-    """The original's AdamWeightDecayOptimizer (model_utils.py) decays everything but names
-    matching LayerNorm, layer_norm or bias, except r_w_bias, r_r_bias and r_s_bias, which it
-    decays: ours decays r_w, r_r, r_s, seg_embed, mask_emb, the kernels and the word table,
-    and leaves out the layer norms, the FFN biases and the LM output bias."""
+def _abstract_params(config):
+    """The PermutationLMModel's parameter tree as ShapeDtypeStructs (nothing allocated)."""
     shapes = jax.eval_shape(
-        lambda: xlnet.PermutationLMModel(_config()).init(
+        lambda: xlnet.PermutationLMModel(config).init(
             jax.random.key(0),
             *(jnp.zeros((1, 4), jnp.int32),) * 3,
             jnp.zeros((1, 2), jnp.int32),
@@ -256,7 +254,15 @@ def test_weight_decay_follows_the_original():
             deterministic=True,
         )
     )
-    mask = traverse_util.flatten_dict(optim.decay_mask(nn.meta.unbox(shapes["params"])), sep="/")
+    return nn.meta.unbox(shapes["params"])
+
+
+def test_weight_decay_follows_the_original():
+    """The original's AdamWeightDecayOptimizer (model_utils.py) decays everything but names
+    matching LayerNorm, layer_norm or bias, except r_w_bias, r_r_bias and r_s_bias, which it
+    decays: ours decays r_w, r_r, r_s, seg_embed, mask_emb, the kernels and the word table,
+    and leaves out the layer norms, the FFN biases and the LM output bias."""
+    mask = traverse_util.flatten_dict(optim.decay_mask(_abstract_params(_config())), sep="/")
     decayed = {path for path, on in mask.items() if on}
     layer = "encoder/layer_0/"
     for name in ("r_w", "r_r", "r_s", "seg_embed", "query/kernel", "relative/kernel", "output/kernel"):
@@ -328,3 +334,24 @@ def test_permutation_lm_on_a_mesh_with_microbatches_equals_one_device():
 def test_permutation_lm_needs_xlnets_encoder():
     with pytest.raises(ConfigError, match="PermutationLM needs XLNet's encoder"):
         PermutationLM(mesh_training.SHARDABLE, PipelineConfig())
+
+
+@pytest.mark.slow
+@pytest.mark.extended(keep=["base"])
+@pytest.mark.parametrize(
+    "layers, hidden, heads, published",
+    [(12, 768, 12, 116_750_336), (24, 1024, 16, 360_300_800)],
+    ids=["base", "large"],
+)
+def test_parameter_counts_are_transformers(layers, hidden, heads, published):
+    """xlnet-base-cased and xlnet-large-cased (vocabulary 32000): transformers'
+    `XLNetLMHeadModel.num_parameters()` of their configs (the tied LM weights once)."""
+    config = dataclasses.replace(
+        _config(),
+        vocab_size=32000,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=4 * hidden,
+    )
+    assert count_params(_abstract_params(config)) == published
