@@ -16,7 +16,8 @@ to the rows of the data stream it was saved with. It is saved unless the run say
 (`save_carry=False`); it is restored only with that stream's position: a checkpoint without
 it, or a stream that restarts (`reset_iterator`), gives a state whose carry is None, which
 the caller starts from its initial value; a checkpoint whose carry has another number of
-rows (another global batch size) is an error, or with `reset_iterator` a restart of both.
+rows (another global batch size) is an error, or with `reset_iterator` a restart of both;
+one of the same rows but another shape (another memory length) restarts with a warning.
 
 A save killed half-way leaves only orbax's temporary folder, which is never a step, so
 "latest" is always a complete checkpoint. A finalised checkpoint that is damaged later
@@ -466,7 +467,12 @@ class Checkpointer:
             try:
                 self._check_host_count(step)
                 self._check_carry_rows(step, saved, abstract_state)
-                state = self.restore(step, abstract_state, iterator_for(step), saved=saved)
+                wanted = (
+                    abstract_state
+                    if self._carry_fits(step, saved, abstract_state)
+                    else _without_carry(abstract_state)
+                )
+                state = self.restore(step, wanted, iterator_for(step), saved=saved)
             except IteratorMismatchError:
                 if not reset_iterator:
                     raise
@@ -520,6 +526,24 @@ class Checkpointer:
                 f"run.batch_size = {min(saved_rows)}, or bind run.reset_data_iterator = True to keep "
                 "the model and optimizer state and restart the data stream and the carried state"
             )
+
+    def _carry_fits(self, step: int, saved: Any, abstract_state: Any) -> bool:
+        """False (one warning) when the step's carried state has this run's rows but another
+        shape otherwise (e.g. another XLNetOptions.mem_len): it cannot continue, so the state
+        is restored without it and the caller starts it from its initial value."""
+        if getattr(abstract_state, "carry", None) is None or not _has_carry(saved):
+            return True
+        saved_shapes, shapes = _shapes(saved["carry"]), _shapes(abstract_state.carry)
+        if saved_shapes == shapes:
+            return True
+        log.warning(
+            "checkpoint step %d: its carried state has shapes %s, this run's %s: it restarts from "
+            "its initial value (the model and optimizer state and the data position are restored)",
+            step,
+            sorted(saved_shapes.items()),
+            sorted(shapes.items()),
+        )
+        return False
 
     def restore(
         self, step: int, abstract_state: Any, iterator: tf.data.Iterator | None, *, saved: Any = None

@@ -77,11 +77,11 @@ class StreamOutput:
 def relative_distances(qlen: int, klen: int, direction: jax.Array, clamp_len: int) -> jax.Array:
     """[B, klen + qlen] float32: the relative distances klen, klen - 1, ..., -qlen + 1 that
     the sinusoid encodes, times each row's direction (+1, or -1 for a row read backwards),
-    clipped to [-clamp_len, clamp_len] unless clamp_len < 0."""
+    clipped to [-clamp_len, clamp_len] when clamp_len > 0 (as the original)."""
     distances = jnp.arange(klen, -qlen, -1, dtype=jnp.float32)[None, :] * direction[:, None].astype(
         jnp.float32
     )
-    if clamp_len >= 0:
+    if clamp_len > 0:
         distances = jnp.clip(distances, -clamp_len, clamp_len)
     return distances
 
@@ -206,6 +206,14 @@ class XLNetLayer(TransformerLayer):
         attended = self.attention(x, keys, positions, different_segment, visible, deterministic, row_index)
         attended = self.dropout(attended, deterministic=deterministic)
         return add_and_normalize(self.config, self.attention_layer_norm, x, attended)
+
+    def feed_forward(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        """The FFN block, with the original's dropout after the activation as well as after
+        the output (modeling.py `positionwise_ffn`: drop_1, drop_2), which BERT's lacks."""
+        h = self.config.activation(self.intermediate(x))
+        h = self.dropout(h, deterministic=deterministic)
+        h = self.dropout(self.output(h), deterministic=deterministic)
+        return add_and_normalize(self.config, self.output_layer_norm, x, h)
 
 
 class XLNetEncoder(nn.Module):

@@ -16,7 +16,8 @@ class XLNetOptions:
       mem_len: memory positions each layer keeps from earlier segments (0: no memory).
       reuse_len: positions of each row that the next step's memory takes (the row's first
         reuse_len tokens: the part the next row continues from).
-      clamp_len: relative distances are clipped to [-clamp_len, clamp_len]; -1 = not clipped.
+      clamp_len: relative distances are clipped to [-clamp_len, clamp_len]; -1 (or 0) = not
+        clipped, as the original.
     """
 
     mem_len: int = 384

@@ -191,6 +191,21 @@ def test_a_carry_of_other_rows_is_refused_in_one_line_or_restarted(tmp_path, cap
     assert "any carried state from its initial value" in caplog.text
 
 
+def test_a_carry_of_another_shape_restarts_and_nothing_is_moved(tmp_path, caplog):
+    """The same rows but another shape (another memory length): the step is restored, the
+    carry left to restart from its initial value, and the checkpoint is not taken for damage."""
+    ckpt = checkpointing.Checkpointer(str(tmp_path))
+    ckpt.save(2, _state(carry_rows=4), None)
+    ckpt.close()
+    longer = _abstract(_state(carry_rows=4))
+    longer = longer.replace(
+        carry={"memory": jax.ShapeDtypeStruct((4, 3), jnp.float32, sharding=longer.carry["memory"].sharding)}
+    )
+    restored, step = checkpointing.Checkpointer(str(tmp_path)).restore_latest(longer, lambda s: None)
+    assert step == 2 and restored.carry is None and os.listdir(tmp_path / "checkpoints") == ["2"]
+    assert "its carried state has shapes" in caplog.text and "restarts from its initial value" in caplog.text
+
+
 # --- the loop -------------------------------------------------------------------------------
 
 

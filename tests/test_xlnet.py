@@ -20,10 +20,10 @@ from core import optim, sharding
 from core.errors import ConfigError
 from core.state import count_params
 from data.pipeline_config import PipelineConfig
-from models import xlnet
+from models import backbone, xlnet
 from models.encoder import EncoderConfig
 from models.xlnet_options import XLNetOptions
-from pretrain.objectives import PermutationLM
+from pretrain.objectives import PermutationLM, permutation_lm
 from tests import jitted, mesh_training
 
 V, H, LAYERS, HEADS, FF = 96, 32, 2, 4, 64
@@ -235,6 +235,18 @@ def test_memory_keeps_the_last_mem_len_of_each_layers_input():
     np.testing.assert_allclose(memory[:, 0], expected, rtol=1e-6)
 
 
+def test_clamp_len_0_clips_nothing_as_the_original():
+    direction = jnp.array([1, -1])
+    unclipped = xlnet.relative_distances(L, MEM + L, direction, -1)
+    np.testing.assert_array_equal(xlnet.relative_distances(L, MEM + L, direction, 0), unclipped)
+    assert float(jnp.abs(xlnet.relative_distances(L, MEM + L, direction, 5)).max()) == 5.0
+
+
+def test_other_encoders_callers_refuse_xlnet_in_one_line():
+    with pytest.raises(ConfigError, match="only its pretraining objective PermutationLM builds it"):
+        backbone.encoder_module(_config())
+
+
 def test_options_are_checked():
     with pytest.raises(Exception, match="XLNetOptions needs mem_len >= 0"):
         _config(mem_len=-1)
@@ -329,6 +341,15 @@ def test_permutation_lm_on_a_mesh_with_microbatches_equals_one_device():
         sharding.make_mesh(None, jax.devices()[:1]), batches, _plm_objective()
     )
     assert np.isfinite(losses).all() and np.abs(np.asarray(state.carry["memory"])).max() > 0
+
+
+def test_a_target_slot_on_sep_or_cls_has_no_weight():
+    """<sep> and <cls> are never targets (the original's _local_perm drops them); a slot there
+    would see its own token."""
+    batch = _plm_batches(1)[0]
+    batch["target_positions"][0, 0] = 15  # a <sep>
+    weights = np.asarray(permutation_lm.target_weights(batch))
+    assert weights[0, 0] == 0 and (weights[1:] == batch["target_weights"][1:]).all()
 
 
 def test_permutation_lm_needs_xlnets_encoder():

@@ -34,6 +34,14 @@ from pretrain.objectives.masked_lm import mlm_loss_and_metrics
 from pretrain.objectives.permutation import draw_ranks, visibility
 
 
+def target_weights(batch: Batch) -> jax.Array:
+    """[B, P] float32: the batch's target weights, 0 for a slot at <sep> or <cls>: those are
+    never targets (the original's `_local_perm` drops them), and such a slot's mask row would
+    show it its own token."""
+    on_functional = jnp.take_along_axis(batch["functional"], batch["target_positions"], axis=1)
+    return batch["target_weights"] * (on_functional == 0).astype(batch["target_weights"].dtype)
+
+
 @gin.configurable
 class PermutationLM(Objective):
     """XLNet's permutation LM (see the module docstring)."""
@@ -88,7 +96,7 @@ class PermutationLM(Objective):
 
     def normalizers(self, batch: Batch) -> dict[str, jax.Array]:
         """The number of targets in the whole batch (the loss is their mean)."""
-        return {"plm_weight": jnp.sum(batch["target_weights"])}
+        return {"plm_weight": jnp.sum(target_weights(batch))}
 
     def model_inputs(self, batch: Batch, key: jax.Array) -> tuple[jax.Array, ...]:
         """The model's positional inputs: the batch's ids, segments, mask and target positions,
@@ -106,7 +114,7 @@ class PermutationLM(Objective):
         is_target = (
             jnp.zeros((batch_size, length), bool)
             .at[rows, batch["target_positions"]]
-            .max(batch["target_weights"] > 0)
+            .max(target_weights(batch) > 0)
         )
         ranks = draw_ranks(key, batch["row_index"], length, self.options.reuse_len)
         visible = visibility(ranks, is_target & ~functional, functional, self.options.reuse_len)
@@ -148,7 +156,7 @@ class PermutationLM(Objective):
             rngs=dropout_rngs(rngs) if train else {},
         )
         labels = jnp.take_along_axis(batch["input_ids"], batch["target_positions"], axis=1)
-        sums = mlm_loss_and_metrics(logits, labels, batch["target_weights"])
+        sums = mlm_loss_and_metrics(logits, labels, target_weights(batch))
         sums = {f"plm_{name[len('mlm_') :]}": value for name, value in sums.items()}
         loss = sums["plm_loss_sum"] / (normalizers["plm_weight"] + 1e-5)
         return loss, sums, ({"memory": memory} if carry is not None else None)
