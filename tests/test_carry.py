@@ -216,7 +216,7 @@ def _carry_of(workdir, step):
 
 @pytest.mark.slow(30)
 @pytest.mark.parametrize("checkpoint_carry", [True, False], ids=["saved", "left_out"])
-@pytest.mark.extended(keep=["saved"])
+@pytest.mark.extended  # two training runs per case; make test proves the checkpoints' part above
 def test_resume_with_carried_state(checkpoint_carry, synthetic_shards, tmp_path):
     """Stopped after step 5 and resumed: with the carry in the checkpoint, the same parameters
     and carry as the run that never stopped; without it the carry restarts from zeros, and
