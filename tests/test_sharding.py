@@ -60,6 +60,7 @@ def test_every_mesh_equals_single_device(reference, spec):
 
 
 @pytest.mark.slow(15)
+@pytest.mark.extended  # make test proves it on a data x fsdp x tensor mesh: tests/test_carry.py
 def test_gradient_accumulation_equals_full_batch(reference):
     batches, params, losses = reference
     state, acc_losses = _train(sharding.make_mesh("data:4,fsdp:2"), batches, microbatches=4)
