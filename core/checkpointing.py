@@ -220,10 +220,12 @@ def _from_orbax(record: logging.LogRecord) -> bool:
 
 
 def _from_tensorstore(error: BaseException | None) -> bool:
-    """An error tensorstore raised (its messages end with the `tensorstore_spec` of the
-    array): asyncio reports the reads of a damaged checkpoint that orbax left unawaited,
-    with a traceback that has no frame of orbax's."""
-    return error is not None and "tensorstore_spec=" in str(error)
+    """An error tensorstore raised: its array errors end with the `tensorstore_spec` of the
+    array, its OCDBT writes name the "OCDBT database". asyncio reports them for the reads of
+    a damaged checkpoint and the writes of a failed save that orbax left unawaited, with a
+    traceback that has no frame of orbax's (or none)."""
+    message = str(error) if error is not None else ""
+    return "tensorstore_spec=" in message or " in OCDBT database at " in message
 
 
 def _on_a_closed_loop(unraisable: Any) -> bool:

@@ -254,6 +254,27 @@ def test_reports_of_a_save_are_held_then_released_or_debug(caplog):
         sys.unraisablehook = reports._previous_hook
 
 
+def test_tensorstores_errors_are_recognised_without_a_traceback():
+    """asyncio's "Future exception was never retrieved" for a write of a failed save carries
+    tensorstore's error with no frame of orbax's: recognised by its message (seen once in a
+    full-disk run, after the one error line)."""
+    write = ValueError(
+        'OUT_OF_RANGE: Error writing "w7/0.0" in OCDBT database at local file "/ckpt/2/state/": '
+        "Failed writing: ... File too large [os_error_code='27']"
+    )
+    assert checkpointing._from_tensorstore(write)
+    assert not checkpointing._from_tensorstore(ValueError("OUT_OF_RANGE: something else"))
+    record = logging.makeLogRecord(
+        dict(
+            name="asyncio",
+            levelno=logging.ERROR,
+            msg="Future exception was never retrieved",
+            exc_info=(ValueError, write, None),
+        )
+    )
+    assert checkpointing._from_orbax(record)
+
+
 def test_unwritable_workdir_is_reported_before_anything_runs(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
