@@ -468,12 +468,7 @@ class Checkpointer:
             error = None
             try:
                 self._check_host_count(step)
-                self._check_carry_rows(step, saved, abstract_state)
-                wanted = (
-                    abstract_state
-                    if self._carry_fits(step, saved, abstract_state)
-                    else _without_carry(abstract_state)
-                )
+                wanted = self._with_restorable_carry(step, saved, abstract_state)
                 state = self.restore(step, wanted, iterator_for(step), saved=saved)
             except IteratorMismatchError:
                 if not reset_iterator:
@@ -513,31 +508,27 @@ class Checkpointer:
                 "the data stream"
             )
 
-    def _check_carry_rows(self, step: int, saved: Any, abstract_state: Any) -> None:
-        """IteratorMismatchError when the step's carried state has another number of rows
-        than this run's (another global batch size): attached to this run's rows, it would
-        continue other rows' streams."""
+    def _with_restorable_carry(self, step: int, saved: Any, abstract_state: Any) -> Any:
+        """`abstract_state`, or it without its carry when the step's carried state cannot
+        continue. Another number of rows (another global batch size) is an
+        IteratorMismatchError: attached to this run's rows, it would continue other rows'
+        streams. The same rows but another shape (e.g. another XLNetOptions.mem_len): one
+        warning, and the state is restored without it (the caller starts it from its initial
+        value)."""
         if getattr(abstract_state, "carry", None) is None or not _has_carry(saved):
-            return
-        saved_rows = {shape[0] for shape in _shapes(saved["carry"]).values()}
-        rows = {shape[0] for shape in _shapes(abstract_state.carry).values()}
+            return abstract_state
+        saved_shapes, shapes = _shapes(saved["carry"]), _shapes(abstract_state.carry)
+        saved_rows = min(shape[0] for shape in saved_shapes.values())
+        rows = min(shape[0] for shape in shapes.values())
         if saved_rows != rows:
             raise IteratorMismatchError(
                 f"checkpoint step {step} in {self.directory} carries state for global batches of "
-                f"{min(saved_rows)} rows, this run's have {min(rows)}: resume with "
-                f"run.batch_size = {min(saved_rows)}, or bind run.reset_data_iterator = True to keep "
+                f"{saved_rows} rows, this run's have {rows}: resume with "
+                f"run.batch_size = {saved_rows}, or bind run.reset_data_iterator = True to keep "
                 "the model and optimizer state and restart the data stream and the carried state"
             )
-
-    def _carry_fits(self, step: int, saved: Any, abstract_state: Any) -> bool:
-        """False (one warning) when the step's carried state has this run's rows but another
-        shape otherwise (e.g. another XLNetOptions.mem_len): it cannot continue, so the state
-        is restored without it and the caller starts it from its initial value."""
-        if getattr(abstract_state, "carry", None) is None or not _has_carry(saved):
-            return True
-        saved_shapes, shapes = _shapes(saved["carry"]), _shapes(abstract_state.carry)
         if saved_shapes == shapes:
-            return True
+            return abstract_state
         log.warning(
             "checkpoint step %d: its carried state has shapes %s, this run's %s: it restarts from "
             "its initial value (the model and optimizer state and the data position are restored)",
@@ -545,7 +536,7 @@ class Checkpointer:
             sorted(saved_shapes.items()),
             sorted(shapes.items()),
         )
-        return False
+        return _without_carry(abstract_state)
 
     def restore(
         self, step: int, abstract_state: Any, iterator: tf.data.Iterator | None, *, saved: Any = None
@@ -603,7 +594,7 @@ class Checkpointer:
 
     def _check_compatible(self, step: int, abstract_state: Any) -> Any:
         """Raises CheckpointError when an intact checkpoint holds a differently shaped model or
-        optimizer state (the carry is `_check_carry_rows`'s). Returns the step's metadata tree
+        optimizer state (the carry is `_with_restorable_carry`'s). Returns the step's metadata tree
         (`saved_tree`), or None when it is unreadable.
 
         Reads only orbax's metadata (shapes); unreadable metadata is left to `restore`,

@@ -302,12 +302,12 @@ class XLNetEncoder(nn.Module):
         new_memory = []
         for i in range(cfg.num_layers):
             layer = XLNetLayer(cfg, name=f"layer_{i}")
+            layer_memory = memory[:, i].astype(h.dtype) if memory is not None else h[:, :0]
             if opts.mem_len > 0:
                 cached = h[:, : opts.reuse_len] if opts.reuse_len > 0 else h
-                if memory is not None:
-                    cached = jnp.concatenate([memory[:, i].astype(h.dtype), cached], axis=1)
+                cached = jnp.concatenate([layer_memory, cached], axis=1)
                 new_memory.append(jax.lax.stop_gradient(cached[:, -opts.mem_len :]))
-            context = h if memory is None else jnp.concatenate([memory[:, i].astype(h.dtype), h], axis=1)
+            context = jnp.concatenate([layer_memory, h], axis=1)
             keys = layer.attention.keys(context, positions)
             h_next = layer.attend_stream(
                 h, keys, None, content_segments, content_visible, deterministic, row_index
