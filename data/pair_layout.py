@@ -6,11 +6,16 @@ the tf.data instances (pretraining: tensors).
                                           1 for B and the last [SEP]  (google-research/bert)
     "roberta"  <s> A </s></s> B </s>      segment ids all 0  (fairseq; RoBERTa has one
                                           token type)
+    "xlnet"    A <sep> B <sep> <cls>      segment ids 0 for A and its <sep>, 1 for B and its
+                                          <sep>, 2 for <cls>  (zihangdai/xlnet
+                                          classifier_utils.py: the summary reads the last
+                                          position)
 
-A single text is `[CLS] A [SEP]` (`<s> A </s>`), segment ids all 0, in both layouts.
-Each tokenizer names its layout (`Tokenizer.pair_format`); the layouts differ only in the
-number of separators between A and B and in B's segment id, which is all the code below
-reads (no branch per name).
+A single text is `[CLS] A [SEP]` (`<s> A </s>`), segment ids all 0, in the first two layouts;
+`A <sep> <cls>`, segment ids 0 0 2, in XLNet's. Each tokenizer names its layout
+(`Tokenizer.pair_format`); the layouts differ only in the number of separators between A
+and B, B's segment id and where the classification token sits and with which segment id,
+which is all the code below reads (no branch per name).
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class PairLayout:
-    """name; separators: [SEP]s between A and B; b_segment: segment id of B and its [SEP]."""
+    """name; separators: [SEP]s between A and B; b_segment: segment id of B and its [SEP];
+    cls_last: the classification token closes the row (XLNet) instead of opening it, with
+    segment id cls_segment."""
 
     name: str
     separators: int
     b_segment: int
+    cls_last: bool = False
+    cls_segment: int = 0
 
     def num_specials(self, pair: bool = True) -> int:
         """Special tokens in a row: [CLS] and the closing [SEP], plus the separators of a pair."""
@@ -41,7 +50,7 @@ class PairLayout:
         self, a: Sequence[int], b: Sequence[int] | None, *, cls_id: int, sep_id: int
     ) -> tuple[list[int], list[int]]:
         """(input ids, segment ids) of one row as Python lists; b None = a single text."""
-        ids = [cls_id, *a]
+        ids = [*a]
         segments = [0] * len(ids)
         if b is not None:
             ids += [sep_id] * self.separators
@@ -51,23 +60,30 @@ class PairLayout:
         else:
             ids.append(sep_id)
             segments.append(0)
-        return ids, segments
+        if self.cls_last:
+            return [*ids, cls_id], [*segments, self.cls_segment]
+        return [cls_id, *ids], [self.cls_segment, *segments]
 
     def tensors(self, a: tf.Tensor, b: tf.Tensor, *, cls_id: int, sep_id: int) -> tuple[tf.Tensor, tf.Tensor]:
         """(input ids, segment ids) of a pair as [n] int32 tensors; a, b: [None] int32."""
         import tensorflow as tf  # here: the rest of this module is used without TensorFlow
 
         cls, sep = tf.constant([cls_id], tf.int32), tf.constant([sep_id], tf.int32)
+        cls_segment = tf.constant([self.cls_segment], tf.int32)
         separators = tf.repeat(sep, self.separators)
-        tokens = tf.concat([cls, a, separators, b, sep], axis=0)
-        first = tf.zeros([tf.size(a) + 1 + self.separators], tf.int32)
+        first = tf.zeros([tf.size(a) + self.separators], tf.int32)
         second = tf.fill([tf.size(b) + 1], tf.constant(self.b_segment, tf.int32))
-        return tokens, tf.concat([first, second], axis=0)
+        if self.cls_last:
+            tokens = tf.concat([a, separators, b, sep, cls], axis=0)
+            return tokens, tf.concat([first, second, cls_segment], axis=0)
+        tokens = tf.concat([cls, a, separators, b, sep], axis=0)
+        return tokens, tf.concat([cls_segment, first, second], axis=0)
 
 
 LAYOUTS = {
     "bert": PairLayout("bert", separators=1, b_segment=1),
     "roberta": PairLayout("roberta", separators=2, b_segment=0),
+    "xlnet": PairLayout("xlnet", separators=1, b_segment=1, cls_last=True, cls_segment=2),
 }
 NAMES = tuple(LAYOUTS)
 

@@ -10,7 +10,9 @@ That is `format="segment_pair"` with NSP (BERT). SOP zips the random-document st
 (a one-sentence chunk takes its B from another document, as ALBERT); "none" drops it;
 "sentence_pair" closes chunks at two sentences; "full_sentences" and "doc_sentences" go
 documents -> sentences --scan(fill_step)--> rows [--scan(pack_step)--> packed rows] ->
-mask. The scans' state is saved with the iterator.
+mask. The scans' state is saved with the iterator. "xlnet_stream" is XLNet's
+(`_xlnet_batches`, data/xlnet_stream.py): one stream of documents per row, no instance
+shuffle, row r of each batch continuing row r of the one before.
 
 Every document carries the number of the epoch it was read in. Everything that shapes a
 row (file order, document order, chunking, random B, which documents share a
@@ -31,11 +33,14 @@ only: 1..k per packed example, 0 = padding; positions restart at 0 in each examp
 masking "in_step" the input_ids are the original tokens and maskable [B, L] int32 and
 mask_id [B] int32 replace the three masked_lm_* keys. Span masking adds the span boundary
 objective's sbo_left, sbo_right, sbo_offset [B, P] int32 and sbo_weights [B, P] float32
-(data/masking.py mask_spans).
+(data/masking.py mask_spans). XLNet's batches: input_ids, segment_ids, input_mask,
+functional [B, L] int32, target_positions [B, P] int32, target_weights [B, P] float32,
+direction [B] int32 (data/xlnet_stream.py `make_row`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -43,7 +48,7 @@ import os
 import tensorflow as tf
 
 from core.errors import ConfigError
-from data import instances, masking, pair_layout, shards, tokenizers
+from data import instances, masking, pair_layout, shards, tokenizers, xlnet_stream
 from data.pipeline_config import PipelineConfig
 from data.shards import Vocab
 
@@ -52,6 +57,7 @@ _SALT_MASK = 12
 _SALT_PAIR = 13
 _SALT_FILES = 14
 _SALT_BLOCKS = 15
+_SALT_XLNET = 16
 
 # Files each host reads at once (fewer if it has fewer). Shards are in random order
 # (data.preprocess), so this is for read throughput more than mixing; each open file
@@ -69,13 +75,16 @@ def resolve_pair_format(config: PipelineConfig, vocab: Vocab) -> str:
     return config.pair_format or vocab.pair_format or "bert"
 
 
-def host_files(data_dir: str, split: str, process_index: int, process_count: int) -> tuple[list[str], bool]:
+def host_files(
+    data_dir: str, split: str, process_index: int, process_count: int, rows: int = 1
+) -> tuple[list[str], bool]:
     """This host's shard files, and whether documents must be sharded instead of files.
 
     Each host reads files[process_index::process_count]. With fewer files than hosts every
     host reads all files and keeps every process_count-th document (slower, but no host
     starves and no document is read twice). Fewer documents than hosts is an error: a host
-    with none would wait for its first row forever (passes of nothing).
+    with none would wait for its first row forever (passes of nothing). XLNet's `rows`
+    streams per host share fewer documents than rows by turns, which a warning says.
     """
     manifest = shards.load_manifest(data_dir)
     documents = manifest.splits.get(split, {}).get("documents", 0)
@@ -83,6 +92,16 @@ def host_files(data_dir: str, split: str, process_index: int, process_count: int
         raise shards.ShardsError(
             f"the {split} split of '{data_dir}' has {documents} document(s) for {process_count} host(s): "
             f"every host needs at least one (preprocess more {split} documents, e.g. larger --eval_fraction)"
+        )
+    if documents < process_count * rows:
+        logging.warning(
+            "the %s split has %d documents for %d row streams on each of %d host(s): each stream reads a "
+            "document only every few passes (preprocess more %s documents, e.g. larger --eval_fraction)",
+            split,
+            documents,
+            rows,
+            process_count,
+            split,
         )
     files = manifest.files(split)
     if len(files) >= process_count:
@@ -137,12 +156,17 @@ def _pass_documents(
     shard_documents: bool,
     process_index: int,
     process_count: int,
+    stream: tuple[int, tf.Tensor] | None = None,
 ) -> tf.data.Dataset:
     """One pass over the files: parsed documents, each tagged with `epoch` ([] int64).
 
     The file order and the block shuffle are stateless permutations seeded by
     `order_seed` ([2] int64), identical on every host, so the pass is a pure function
     of (files, order_seed) and the same seed gives the same documents in the same order.
+    stream: (streams, index): only every streams-th document of the host's, from document
+    (index + epoch) % streams (before the block shuffle, which then buffers `block` of this
+    stream's documents): the streams read disjoint documents in each pass, and turn by
+    turn every document when there are fewer documents than streams.
     """
     names = tf.constant(files)
     if shuffle_files and len(files) > 1:
@@ -157,6 +181,9 @@ def _pass_documents(
     )
     if shard_documents:  # before any shuffle: every host sees the same record order
         ds = ds.shard(process_count, process_index)
+    if stream is not None:  # XLNet's row streams: one in every `streams` documents each
+        streams, index = stream
+        ds = ds.shard(streams, (index + epoch) % streams)
     if block > 1:
         ds = _block_shuffle(ds, block, instances.derive_seed(order_seed, _SALT_BLOCKS))
 
@@ -417,6 +444,92 @@ def _filled_rows(docs: tf.data.Dataset, passes: _Passes) -> tf.data.Dataset:
     return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def _xlnet_batches(
+    files: list[str],
+    config: PipelineConfig,
+    vocab: Vocab,
+    rows: int,
+    *,
+    shuffle: bool,
+    first_epoch: int,
+    shard_documents: bool,
+    process_index: int,
+    process_count: int,
+    word_starts,
+) -> tf.data.Dataset:
+    """XLNet's batches (format "xlnet_stream", data/xlnet_stream.py): row r of every batch
+    continues row r of the batch before, from stream r of this host's documents.
+
+    Each stream reads its own documents (every rows-th of each pass, shuffled in blocks of
+    document_shuffle_buffer / rows), ends each with <eod> (backwards in the odd streams with
+    bi_data), and cuts the tokens into chunks of reuse_len, which a scan gathers into the
+    window of each row; the streams are interleaved one window each, in row order, and
+    batched. All scan states are saved with the iterator (exact resume). The rows are
+    seeded by (seed, host, stream, window), so no two rows of a run draw alike.
+    """
+    if vocab.eod_id is None:
+        raise ConfigError(
+            "PipelineConfig.format='xlnet_stream' ends documents with <eod>, which the shards' "
+            "tokenizer lacks: preprocess with XLNet's tokenizer (python -m data.tokenizers train "
+            "--kind=xlnet_spm, or XLNet's spiece.model)"
+        )
+    if config.bi_data and rows % 2:
+        raise ConfigError(
+            f"PipelineConfig.bi_data reads every second row backwards: give each host an even "
+            f"number of rows (this host has {rows})"
+        )
+    streams_config = dataclasses.replace(
+        config, document_shuffle_buffer=max(1, config.document_shuffle_buffer // rows)
+    )
+    base = tf.constant([config.seed, 0], tf.int64)
+
+    def backward(r):
+        return tf.logical_and(config.bi_data, r % 2 == 1)
+
+    def stream(r):
+        passes = _Passes(
+            functools.partial(
+                _pass_documents,
+                files,
+                shard_documents=shard_documents,
+                process_index=process_index,
+                process_count=process_count,
+                stream=(rows, r),
+            ),
+            streams_config,
+            vocab,
+            shuffle=shuffle,
+            word_starts=None,
+            unigram_counts=None,
+        )
+        docs = tf.data.Dataset.range(first_epoch, 2**62).flat_map(passes.documents)
+        tokens = docs.map(lambda doc: xlnet_stream.document_tokens(doc, vocab.eod_id, backward(r))).unbatch()
+        chunks = tokens.batch(config.reuse_len, drop_remainder=True)
+        windows = _flagged_rows(
+            chunks.scan(xlnet_stream.window_initial_state(config), xlnet_stream.window_step)
+        )
+        return windows.map(lambda window: dict(window, stream=r))
+
+    def row(window):
+        r = window.pop("stream")
+        seed = instances.derive_seed(base, _SALT_XLNET, process_index, r, window["index"])
+        out = xlnet_stream.make_row(
+            window,
+            seed,
+            backward(r),
+            config=config,
+            sep_id=vocab.sep_id,
+            cls_id=vocab.cls_id,
+            word_starts=word_starts,
+        )
+        del out["continuation"]
+        return out
+
+    ds = tf.data.Dataset.range(rows).interleave(stream, cycle_length=rows, block_length=1)
+    ds = ds.map(row, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.batch(rows, drop_remainder=True)
+
+
 def load_word_starts(data_dir: str):
     """[vocab_size] bool word-start table of the shards' tokenizer (DATA_DIR/tokenizer)."""
     tokenizer = tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
@@ -457,11 +570,28 @@ def make_dataset(
     """
     manifest = shards.load_manifest(data_dir)
     vocab = manifest.vocab
-    word_starts = None if config.masking_unit == "token" else load_word_starts(data_dir)
+    xlnet = config.format == "xlnet_stream"
+    word_starts = None if config.masking_unit == "token" and not xlnet else load_word_starts(data_dir)
     unigram_counts = manifest.unigram_counts() if config.masking_unit == "span" else None
-    files, shard_documents = host_files(data_dir, split, process_index, process_count)
+    files, shard_documents = host_files(
+        data_dir, split, process_index, process_count, rows=batch_size if xlnet else 1
+    )
     options = tf.data.Options()
     options.deterministic = True
+    if xlnet:
+        ds = _xlnet_batches(
+            files,
+            config,
+            vocab,
+            batch_size,
+            shuffle=shuffle,
+            first_epoch=first_epoch,
+            shard_documents=shard_documents,
+            process_index=process_index,
+            process_count=process_count,
+            word_starts=tf.constant(word_starts, tf.bool),
+        )
+        return ds.prefetch(2).with_options(options)
     ds = instance_stream(
         files,
         config,

@@ -19,7 +19,7 @@ MASKING_UNITS = ("token", "whole_word", "ngram", "span")  # data/masking.py's un
 # the objective does inside the train step (ELECTRA): rows carry `maskable` and `mask_id`
 # (data/masking.py mark_maskable) instead of the masked_lm_* keys.
 MASKING_MODES = ("static", "dynamic", "in_step")
-FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
+FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences", "xlnet_stream")
 SENTENCE_OBJECTIVES = ("nsp", "sop", "none")
 
 # max_predictions_per_seq, when not given, is round(L * masked_lm_prob) rounded up to a
@@ -29,6 +29,8 @@ SENTENCE_OBJECTIVES = ("nsp", "sop", "none")
 # ceil((L - 2) * rate) (SpanBERT's budget over the block between [CLS] and [SEP]), so the
 # cap never binds; the margin (0..3 slots) only pads.
 _PREDICTIONS_MULTIPLE = 4
+# XLNet's target budget: num_predict 85 at length 512 (its README's pretraining command).
+_XLNET_PREDICT_RATE = 85 / 512
 
 
 def derived_max_predictions(max_seq_length: int, masked_lm_prob: float) -> int:
@@ -57,6 +59,14 @@ class PipelineConfig:
     False keeps one example per row, as SpanBERT's blocks.
     max_predictions_per_seq: None derives it from the length and rate
     (`derived_max_predictions`); after construction it is always an int.
+
+    format "xlnet_stream" is XLNet's (data/xlnet_stream.py): each row continues the row of the
+    same place in the previous batch. reuse_len: the row's first tokens, which the next row's
+    memory holds (the original's reuse_len, 256 at 512); the rest is A <sep> B <sep> <cls>.
+    bi_data: every second row reads its documents backwards. max_predictions_per_seq is the
+    row's target budget (the original's num_predict; None: 85 per 512 tokens), drawn as
+    n-grams of up to plm_max_gram pieces in contexts of plm_mask_alpha / plm_mask_beta tokens
+    per target (data/plm_targets.py). The masking options do not apply to it.
     """
 
     max_seq_length: int = 128
@@ -77,6 +87,11 @@ class PipelineConfig:
     span_max_words: int = 10  # ... for l = 1..10, renormalised (mean 3.8 words)
     sbo_max_targets: int = 15  # span boundary objective targets per span
     pack_examples: bool = True
+    reuse_len: int = 0
+    bi_data: bool = False
+    plm_max_gram: int = 5
+    plm_mask_alpha: int = 6
+    plm_mask_beta: int = 1
 
     def __post_init__(self):
         if self.masking not in MASKING_MODES:
@@ -117,12 +132,47 @@ class PipelineConfig:
                 f">= 1, got {self.span_geometric_p}, {self.span_max_words}, {self.sbo_max_targets}"
             )
         if self.max_predictions_per_seq is None:
-            derived = derived_max_predictions(self.max_seq_length, self.masked_lm_prob)
+            if self.format == "xlnet_stream":
+                derived = max(2, round(self.max_seq_length * _XLNET_PREDICT_RATE))
+            else:
+                derived = derived_max_predictions(self.max_seq_length, self.masked_lm_prob)
             object.__setattr__(self, "max_predictions_per_seq", derived)
         elif self.max_predictions_per_seq < 1:
             raise ConfigError(
                 "PipelineConfig.max_predictions_per_seq must be >= 1 or None, "
                 f"got {self.max_predictions_per_seq}"
+            )
+        if self.format == "xlnet_stream":
+            self._check_xlnet_stream()
+
+    def _check_xlnet_stream(self) -> None:
+        if self.sentence_objective != "none":
+            raise ConfigError(
+                "PipelineConfig.format='xlnet_stream' has no sentence objective: set "
+                "PipelineConfig.sentence_objective = 'none'"
+            )
+        if self.masking != "static" or self.masking_unit != "token":
+            raise ConfigError(
+                "PipelineConfig.format='xlnet_stream' draws XLNet's own n-gram targets (plm_max_gram, "
+                "plm_mask_alpha, plm_mask_beta): leave PipelineConfig.masking and masking_unit unset"
+            )
+        rest = self.max_seq_length - self.reuse_len - 3  # A and B
+        if self.reuse_len < 1 or rest < 2:
+            raise ConfigError(
+                f"PipelineConfig.reuse_len = {self.reuse_len} must be in [1, {self.max_seq_length - 5}] "
+                f"for rows of {self.max_seq_length} (the original: half the row)"
+            )
+        if not 1 <= self.plm_mask_beta <= self.plm_mask_alpha or self.plm_max_gram < 1:
+            raise ConfigError(
+                "PipelineConfig needs plm_max_gram >= 1 and 1 <= plm_mask_beta <= plm_mask_alpha, got "
+                f"{self.plm_max_gram}, {self.plm_mask_beta}, {self.plm_mask_alpha}"
+            )
+        budget = self.max_predictions_per_seq
+        if not 2 <= budget <= 2 * min(self.reuse_len, self.max_seq_length - self.reuse_len):
+            raise ConfigError(
+                f"PipelineConfig.max_predictions_per_seq = {budget} is XLNet's target budget, split "
+                f"between the reused {self.reuse_len} tokens and the other "
+                f"{self.max_seq_length - self.reuse_len}: it must be in [2, twice the smaller part]"
             )
 
     @property

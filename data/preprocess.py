@@ -464,6 +464,7 @@ def _manifest_fields(
             "cls": tokenizer.cls_id,
             "sep": tokenizer.sep_id,
             "mask": tokenizer.mask_id,
+            **({} if tokenizer.eod_id is None else {"eod": tokenizer.eod_id}),
         },
         **writer.manifest_counts(),
         "seconds": seconds,

@@ -63,12 +63,13 @@ def encode_document(doc_id: int, sentences: Sequence[Sequence[int]]) -> bytes:
 class Vocab:
     """The token ids the pipeline and objectives need, from the manifest.
 
-    pair_format: "bert" or "roberta" when the manifest names it (a top-level
+    pair_format: "bert", "roberta" or "xlnet" when the manifest names it (a top-level
     `pair_format`, or one in the tokenizer's identity), else None
     (PipelineConfig.pair_format or "bert" decides).
     random_exclude_ids: ids MLM's random replacement never draws, from the tokenizer's kind
     (`masking.random_exclude_ids`: RoBERTa's byte-level BPE excludes <s> <pad> </s> <unk>,
     as fairseq; BERT and ALBERT draw from the whole vocab).
+    eod_id: the tokenizer's end-of-document token (XLNet's <eod>), or None.
     """
 
     size: int
@@ -78,6 +79,7 @@ class Vocab:
     mask_id: int
     pair_format: str | None = None
     random_exclude_ids: tuple[int, ...] = ()
+    eod_id: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,7 @@ class Manifest:
             mask_id=ids["mask"],
             pair_format=self.fields.get("pair_format") or self.tokenizer.get("pair_format"),
             random_exclude_ids=masking.random_exclude_ids(self.tokenizer.get("kind"), ids),
+            eod_id=ids.get("eod"),
         )
 
     def unigram_counts(self) -> np.ndarray:

@@ -263,9 +263,11 @@ class EncoderConfig:
                     )
         if self.xlnet is not None:
             opts = self.xlnet
-            if opts.mem_len < 0 or opts.reuse_len < 0 or opts.clamp_len < -1:
+            rate = 0.0 if opts.activation_dropout is None else opts.activation_dropout
+            if opts.mem_len < 0 or opts.reuse_len < 0 or opts.clamp_len < -1 or not 0 <= rate < 1:
                 raise ConfigError(
-                    f"XLNetOptions needs mem_len >= 0, reuse_len >= 0 and clamp_len >= -1, got {opts}"
+                    "XLNetOptions needs mem_len >= 0, reuse_len >= 0, clamp_len >= -1 and 0 <= "
+                    f"activation_dropout < 1, got {opts}"
                 )
         if self.disentangled is not None:
             opts = self.disentangled

@@ -41,6 +41,7 @@ import numpy as np
 from core import axes
 from models import matmul
 from models.attention import drop_probabilities
+from models.dropout import Dropout
 from models.encoder import (
     EncoderConfig,
     TransformerLayer,
@@ -192,6 +193,12 @@ class XLNetLayer(TransformerLayer):
     def make_attention(self) -> nn.Module:
         return RelativeAttention(self.config)
 
+    def setup(self):
+        super().setup()
+        cfg = self.config
+        rate = cfg.xlnet.activation_dropout
+        self.activation_dropout = Dropout(cfg.dropout_rate if rate is None else rate, bits=cfg.dropout_bits)
+
     def attend_stream(
         self,
         x: jax.Array,
@@ -209,9 +216,10 @@ class XLNetLayer(TransformerLayer):
 
     def feed_forward(self, x: jax.Array, deterministic: bool) -> jax.Array:
         """The FFN block, with the original's dropout after the activation as well as after
-        the output (modeling.py `positionwise_ffn`: drop_1, drop_2), which BERT's lacks."""
+        the output (modeling.py `positionwise_ffn`: drop_1, drop_2), which BERT's lacks; the
+        first at XLNetOptions.activation_dropout (the paper's "GeLU dropout")."""
         h = self.config.activation(self.intermediate(x))
-        h = self.dropout(h, deterministic=deterministic)
+        h = self.activation_dropout(h, deterministic=deterministic)
         h = self.dropout(self.output(h), deterministic=deterministic)
         return add_and_normalize(self.config, self.output_layer_norm, x, h)
 

@@ -18,8 +18,12 @@ class XLNetOptions:
         reuse_len tokens: the part the next row continues from).
       clamp_len: relative distances are clipped to [-clamp_len, clamp_len]; -1 (or 0) = not
         clipped, as the original.
+      activation_dropout: the rate of the dropout after the FFN's activation; None = the
+        hidden dropout (EncoderConfig.dropout_rate), as the original code and transformers
+        have it; the paper's pretraining table ("GeLU dropout") gives 0.
     """
 
     mem_len: int = 384
     reuse_len: int = 256
     clamp_len: int = -1
+    activation_dropout: float | None = None

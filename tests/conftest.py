@@ -131,11 +131,28 @@ def text_shards(tmp_path_factory) -> str:
     """Shards of real English (the first 80 documents of the demo corpus, 10% held out) with a
     600-token WordPiece vocabulary trained on them, written once per test session: for what
     needs words (whole-word and span masking) or a tokenizer (fine-tuning on text)."""
-    from data import corpora, preprocess, tokenizers
+    from data import tokenizers
 
-    base = tmp_path_factory.mktemp("text_shards")
-    docs = [d.sentences for d in corpora.demo_documents()[:80]]
-    tokenizers.train_wordpiece(docs, 600).save(str(base / "tokenizer"))
+    return _demo_shards(tmp_path_factory.mktemp("text_shards"), 80, tokenizers.train_wordpiece)
+
+
+@pytest.fixture(scope="session")
+def xlnet_shards(tmp_path_factory) -> str:
+    """Shards of the first 120 documents of the demo corpus (10% held out) with a 600-piece
+    XLNet SentencePiece vocabulary (<eod>, XLNet's start pieces) trained on them, written once
+    per test session: XLNet's row streams read them."""
+    from data import tokenizers
+
+    return _demo_shards(tmp_path_factory.mktemp("xlnet_shards"), 120, tokenizers.train_xlnet_sentencepiece)
+
+
+def _demo_shards(base, documents: int, train_tokenizer) -> str:
+    """BASE/data: shards (2 + 1) of the demo corpus's first `documents` documents, 10% held
+    out, tokenized by `train_tokenizer(documents, 600)` (saved in BASE/tokenizer)."""
+    from data import corpora, preprocess
+
+    docs = [d.sentences for d in corpora.demo_documents()[:documents]]
+    train_tokenizer(docs, 600).save(str(base / "tokenizer"))
     corpus = base / "corpus.txt"
     corpus.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
     data_dir = str(base / "data")

@@ -44,13 +44,23 @@ def test_there_are_configs():
     } <= names
 
 
+def _recipe_of(path: str) -> list[str]:
+    """A model size file's family recipe, which it is launched with (configs/models/xlnet_base.gin
+    -> configs/recipes/xlnet.gin); nothing for any other file."""
+    parts = path.split(os.sep)
+    if parts[1] != "models":
+        return []
+    recipe = os.path.join("configs", "recipes", parts[2].split("_")[0] + ".gin")
+    return [recipe] if os.path.exists(os.path.join(ROOT, recipe)) else []
+
+
 @pytest.mark.slow
 # `make test` builds the files users launch as they are (recipes, runs, GLUE grids); the model
 # sizes and ablation arms, each combined with a recipe at launch, are in the extended tier.
 @pytest.mark.extended(keep=[p for p in GIN_FILES if p.split(os.sep)[1] in ("recipes", "runs", "glue")])
 @pytest.mark.parametrize("path", GIN_FILES)
 def test_gin_file_parses_and_builds(path):
-    gin.parse_config_files_and_bindings([path], [])
+    gin.parse_config_files_and_bindings([path, *_recipe_of(path)], [])
     config = EncoderConfig()
     pipeline_config = PipelineConfig()
     assert pipeline_config.max_predictions_per_seq <= pipeline_config.max_seq_length

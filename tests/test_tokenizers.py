@@ -739,9 +739,10 @@ def test_kinds_load_through_the_registry(trained, trained_bpe, trained_sp, tmp_p
         "sentencepiece",
         "deberta_bpe",
         "deberta_spm",
+        "xlnet_spm",
         "tokenizer_json",
     )
-    assert tokenizers.KINDS == ("wordpiece", "bpe", "sentencepiece")
+    assert tokenizers.KINDS == ("wordpiece", "bpe", "sentencepiece", "xlnet_spm")
     for tok in (trained, trained_bpe, trained_sp):
         tok.save(str(tmp_path / tok.identity()["kind"]))
         loaded = tokenizers.load_tokenizer(str(tmp_path / tok.identity()["kind"]))
@@ -766,5 +767,6 @@ def test_unknown_kind_is_one_line(kind, tmp_path):
         tokenizers.load_tokenizer(str(tmp_path))
     assert str(e.value) == (
         f"{tmp_path}/tokenizer_config.json: unknown tokenizer kind {json.loads(kind)!r}: "
-        "this version reads wordpiece, bpe, sentencepiece, deberta_bpe, deberta_spm, tokenizer_json"
+        "this version reads wordpiece, bpe, sentencepiece, deberta_bpe, deberta_spm, xlnet_spm, "
+        "tokenizer_json"
     )

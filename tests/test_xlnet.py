@@ -296,8 +296,20 @@ def _plm_objective():
         hidden_act="gelu_tanh",
         xlnet=XLNetOptions(mem_len=6, reuse_len=PLM_REUSE),
     )
-    pipeline = PipelineConfig(max_seq_length=mesh_training.L, max_predictions_per_seq=mesh_training.P)
-    return PermutationLM(config, pipeline)
+    return PermutationLM(config, _plm_pipeline())
+
+
+def _plm_pipeline(**changes):
+    return PipelineConfig(
+        **{
+            "format": "xlnet_stream",
+            "sentence_objective": "none",
+            "max_seq_length": mesh_training.L,
+            "reuse_len": PLM_REUSE,
+            "max_predictions_per_seq": mesh_training.P,
+            **changes,
+        }
+    )
 
 
 def _plm_batches(n, seed=0):
@@ -352,9 +364,14 @@ def test_a_target_slot_on_sep_or_cls_has_no_weight():
     assert weights[0, 0] == 0 and (weights[1:] == batch["target_weights"][1:]).all()
 
 
-def test_permutation_lm_needs_xlnets_encoder():
+def test_permutation_lm_needs_xlnets_encoder_and_rows():
     with pytest.raises(ConfigError, match="PermutationLM needs XLNet's encoder"):
         PermutationLM(mesh_training.SHARDABLE, PipelineConfig())
+    config = _plm_objective().model_config
+    with pytest.raises(ConfigError, match="set PipelineConfig.format = 'xlnet_stream'"):
+        PermutationLM(config, PipelineConfig())
+    with pytest.raises(ConfigError, match="XLNetOptions.reuse_len = 8 but PipelineConfig.reuse_len = 6"):
+        PermutationLM(config, _plm_pipeline(reuse_len=6))
 
 
 @pytest.mark.slow
@@ -376,3 +393,19 @@ def test_parameter_counts_are_transformers(layers, hidden, heads, published):
         intermediate_size=4 * hidden,
     )
     assert count_params(_abstract_params(config)) == published
+
+
+def test_the_dropout_after_the_ffn_activation_has_its_own_rate():
+    """XLNetOptions.activation_dropout: None takes the hidden rate (the original code, and
+    transformers); the paper's table sets it apart (0 in its pretraining)."""
+    x = jax.random.normal(jax.random.key(0), (2, 4, H))
+
+    def ffn(activation_dropout):
+        options = dataclasses.replace(_config().xlnet, activation_dropout=activation_dropout)
+        layer = xlnet.XLNetLayer(dataclasses.replace(_config(), dropout_rate=0.5, xlnet=options))
+        params = layer.init(jax.random.key(1), x, True, method=layer.feed_forward)
+        out = layer.apply(params, x, False, method=layer.feed_forward, rngs={"dropout": jax.random.key(2)})
+        return np.asarray(out)
+
+    np.testing.assert_array_equal(ffn(None), ffn(0.5))
+    assert not np.allclose(ffn(0.0), ffn(0.5))

@@ -1,16 +1,17 @@
-"""Tokenizers of the BERT family: WordPiece, byte-level BPE, SentencePiece (ALBERT's) and DeBERTa's.
+"""Tokenizers of the BERT family: WordPiece, byte-level BPE, SentencePiece (ALBERT's), DeBERTa's
+and XLNet's.
 
-One `Tokenizer` protocol and five backends: BERT's WordPiece and RoBERTa's byte-level BPE (both
-on the `tokenizers` library), ALBERT's SentencePiece unigram (`sentencepiece`), and DeBERTa's
-two: v1's byte-level BPE with BERT-style special tokens, and v2/v3's SentencePiece. A sixth
-kind runs a transformers tokenizer.json as it stands, with the conventions of one of the five
-(`TokenizerJsonTokenizer`: the tokenizer of a transformers 5 folder, which has no vocab file of
-the five's).
+One `Tokenizer` protocol and six backends: BERT's WordPiece and RoBERTa's byte-level BPE (both
+on the `tokenizers` library), ALBERT's SentencePiece unigram (`sentencepiece`), DeBERTa's
+two: v1's byte-level BPE with BERT-style special tokens, and v2/v3's SentencePiece, and XLNet's
+SentencePiece (`xlnet_spm`). A seventh kind runs a transformers tokenizer.json as it stands,
+with the conventions of one of the six (`TokenizerJsonTokenizer`: the tokenizer of a
+transformers 5 folder, which has no vocab file of the six's).
 
 Every backend gives the protocol's special ids, a `pair_format` ("bert": `[CLS] A [SEP] B
-[SEP]`; "roberta": `<s> A </s></s> B </s>`) and `word_start_mask()` for whole-word and n-gram
-masking. `identity()["kind"]` is "wordpiece", "bpe", "sentencepiece", "deberta_bpe",
-"deberta_spm" or "tokenizer_json".
+[SEP]`; "roberta": `<s> A </s></s> B </s>`; "xlnet": `A <sep> B <sep> <cls>`) and
+`word_start_mask()` for whole-word and n-gram masking. `identity()["kind"]` is "wordpiece",
+"bpe", "sentencepiece", "deberta_bpe", "deberta_spm", "xlnet_spm" or "tokenizer_json".
 
 A tokenizer lives in a directory (`save` / `load_tokenizer`, which detects the kind):
 
@@ -18,21 +19,24 @@ A tokenizer lives in a directory (`save` / `load_tokenizer`, which detects the k
     vocab.txt              wordpiece: one token per line; line i (from 0) is id i
     vocab.json merges.txt  bpe, deberta_bpe: token -> id, and the merges in rank order (GPT-2's
                            format)
-    spiece.model           sentencepiece: the serialized spm model
+    spiece.model           sentencepiece, xlnet_spm: the serialized spm model
     spm.model              deberta_spm: the serialized spm model (HF's DeBERTa-v2 file name)
     tokenizer.json         tokenizer_json: transformers' pipeline file, byte for byte
 
 Published vocabs load directly: BERT's vocab.txt (casing inferred), RoBERTa's directory with
 vocab.json + merges.txt, ALBERT's spiece.model / 30k-clean.model, DeBERTa's vocab.json +
-merges.txt (told from RoBERTa's by its [CLS] token), DeBERTa-v2/v3's spm.model, and a
-transformers folder's tokenizer.json when it has none of those. Train a new
-vocab (WordPiece, BPE or ALBERT SentencePiece) with
+merges.txt (told from RoBERTa's by its [CLS] token), DeBERTa-v2/v3's spm.model, XLNet's
+spiece.model (told from ALBERT's by its <eod> piece), and a transformers folder's
+tokenizer.json when it has none of those. Train a new vocab (WordPiece, BPE, ALBERT's or
+XLNet's SentencePiece) with
 
-    python -m data.tokenizers train --corpus=SPEC --output=DIR [--kind=wordpiece|bpe|sentencepiece]
-        [--vocab_size=N (default 30522 / 50265 / 30000)] [--cased]
+    python -m data.tokenizers train --corpus=SPEC --output=DIR
+        [--kind=wordpiece|bpe|sentencepiece|xlnet_spm]
+        [--vocab_size=N (default 30522 / 50265 / 30000 / 32000)] [--cased]
 
 The modules: base.py (the protocol, the shared pieces, the registry of kinds), one per backend
-(wordpiece.py, bpe.py, sentencepiece.py, deberta.py: each registers the kinds it loads),
+(wordpiece.py, bpe.py, sentencepiece.py, deberta.py, xlnet.py: each registers the kinds it
+loads),
 tokenizer_json.py (transformers' tokenizer.json under a backend's conventions), loader.py
 (`load_tokenizer`), training.py (the trainers) and cli.py (the command line, `python -m
 data.tokenizers`).
@@ -81,6 +85,7 @@ from data.tokenizers.deberta import (
     DebertaBPETokenizer,
     DebertaSentencePieceTokenizer,
 )
+from data.tokenizers.xlnet import XLNET_EOD, XLNetTokenizer, is_xlnet_start_piece
 from data.tokenizers.tokenizer_json import (
     HF_SPECIAL_KEYS,
     SPECIAL_TOKENS_MAP_FILE,
@@ -98,6 +103,7 @@ from data.tokenizers.training import (
     train_bpe,
     train_sentencepiece,
     train_wordpiece,
+    train_xlnet_sentencepiece,
 )
 
 __all__ = [
@@ -125,6 +131,7 @@ __all__ = [
     "TRAINABLE_KINDS",
     "UNK",
     "VOCAB_FILE",
+    "XLNET_EOD",
     "ByteLevelBPETokenizer",
     "DebertaBPETokenizer",
     "DebertaSentencePieceTokenizer",
@@ -134,9 +141,11 @@ __all__ = [
     "TokenizerJsonTokenizer",
     "VocabTable",
     "WordPieceTokenizer",
+    "XLNetTokenizer",
     "albert_preprocess",
     "backend_of",
     "declared_special_tokens",
+    "is_xlnet_start_piece",
     "load_bpe_files",
     "load_tokenizer",
     "pair_inputs",
@@ -147,5 +156,6 @@ __all__ = [
     "train_bpe",
     "train_sentencepiece",
     "train_wordpiece",
+    "train_xlnet_sentencepiece",
     "truncate_seq_pair",
 ]

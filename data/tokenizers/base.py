@@ -51,6 +51,11 @@ class Tokenizer(typing.Protocol):
     def mask_id(self) -> int: ...
 
     @property
+    def eod_id(self) -> int | None:
+        """The end-of-document token that XLNet's data stream puts between documents
+        (`<eod>`), or None for a tokenizer without one."""
+
+    @property
     def special_ids(self) -> frozenset[int]:
         """Ids never chosen for masking: pad, cls, sep, mask (not unk, which is real text)."""
 
@@ -75,7 +80,8 @@ class Tokenizer(typing.Protocol):
 
     @property
     def pair_format(self) -> str:
-        """ "bert": `[CLS] A [SEP] B [SEP]`; "roberta": `<s> A </s></s> B </s>`."""
+        """ "bert": `[CLS] A [SEP] B [SEP]`; "roberta": `<s> A </s></s> B </s>`; "xlnet":
+        `A <sep> B <sep> <cls>`."""
 
     def word_start_mask(self) -> np.ndarray:
         """bool [vocab_size]: True where token id i begins a new word (special tokens included).
@@ -144,6 +150,7 @@ class VocabTable:
     pair_format: str
     _KIND: str  # identity()["kind"], and the "kind" of the tokenizer_config.json `save` writes
     _SPECIAL_TOKENS: tuple[str, str, str, str, str]
+    _EOD_TOKEN: str | None = None  # `Tokenizer.eod_id`'s token, where the family has one
     _tokens: list[str]
     _vocab: dict[str, int]
     # Whether the published models of this tokenizer have embedding rows beyond its tokens.
@@ -195,6 +202,10 @@ class VocabTable:
     @property
     def mask_id(self) -> int:
         return self._vocab[self._SPECIAL_TOKENS[4]]
+
+    @property
+    def eod_id(self) -> int | None:
+        return None if self._EOD_TOKEN is None else self._vocab.get(self._EOD_TOKEN)
 
     @property
     def special_ids(self) -> frozenset[int]:

@@ -1,13 +1,16 @@
-"""Tokenizers of the BERT family: WordPiece, byte-level BPE, SentencePiece (ALBERT's) and DeBERTa's.
+"""Tokenizers of the BERT family: WordPiece, byte-level BPE, SentencePiece (ALBERT's, XLNet's) and
+DeBERTa's.
 
 `train` learns a new vocab from a corpus and writes a tokenizer directory (the vocab and
 tokenizer_config.json) that data.preprocess, pretraining and the model tools read:
 
-    python -m data.tokenizers train --corpus=SPEC --output=DIR [--kind=wordpiece|bpe|sentencepiece]
-        [--vocab_size=N (default 30522 / 50265 / 30000)] [--cased]
+    python -m data.tokenizers train --corpus=SPEC --output=DIR
+        [--kind=wordpiece|bpe|sentencepiece|xlnet_spm]
+        [--vocab_size=N (default 30522 / 50265 / 30000 / 32000)] [--cased]
 
 --kind=wordpiece is BERT's vocab (vocab.txt), bpe RoBERTa's byte-level BPE (vocab.json +
-merges.txt), sentencepiece ALBERT's unigram model (spiece.model). Documents held out for
+merges.txt), sentencepiece ALBERT's unigram model (spiece.model), xlnet_spm XLNet's (spiece.model
+with <eod>; the published XLNets are cased: add --cased for theirs). Documents held out for
 evaluation (--eval_fraction, data.corpora.is_heldout) are left out. Published vocabs, DeBERTa's
 included, need no training: pass their files wherever a tokenizer is asked for.
 """
@@ -70,7 +73,9 @@ def build_parser():
         required=True,
         help="'demo', 'tfds:NAME[:SPLIT]', or BERT-format text files (comma-separated globs)",
     )
-    train.add_argument("--kind", choices=KINDS, default="wordpiece", help="BERT, RoBERTa or ALBERT vocab")
+    train.add_argument(
+        "--kind", choices=KINDS, default="wordpiece", help="BERT, RoBERTa, ALBERT or XLNet vocab"
+    )
     defaults = " / ".join(str(kind.default_vocab_size) for kind in TRAINABLE_KINDS.values())
     train.add_argument(
         "--vocab_size",

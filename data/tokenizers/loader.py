@@ -4,8 +4,8 @@ A directory whose tokenizer_config.json names a "kind" loads through that kind's
 loader (data/tokenizers/base.py `register_kind`); any other directory or file is told by its
 file names, so published vocabs load directly: BERT's vocab.txt, RoBERTa's and DeBERTa v1's
 vocab.json + merges.txt (told apart by their special tokens), ALBERT's spiece.model /
-30k-clean.model and DeBERTa-v2/v3's spm.model; and a transformers folder with none of those
-but a tokenizer.json (transformers 5 saves only that and tokenizer_config.json) as a
+30k-clean.model, XLNet's spiece.model and DeBERTa-v2/v3's spm.model; and a transformers
+folder with none of those but a tokenizer.json (transformers 5 saves only that and tokenizer_config.json) as a
 tokenizer_json tokenizer following the kind of its tokenizer_class.
 """
 
@@ -25,6 +25,7 @@ from data.tokenizers.deberta import DEBERTA_SPM_FILE, DebertaBPETokenizer, Deber
 from data.tokenizers.sentencepiece import SP_MODEL_FILE, SentencePieceTokenizer
 from data.tokenizers.tokenizer_json import TOKENIZER_JSON_FILE, TokenizerJsonTokenizer, kind_of_hf_class
 from data.tokenizers.wordpiece import VOCAB_FILE, WordPieceTokenizer
+from data.tokenizers.xlnet import XLNET_EOD, XLNetTokenizer
 
 ALL_KINDS = base.registered_kinds()  # the kinds `load_tokenizer` reads
 
@@ -37,16 +38,29 @@ def load_bpe_files(vocab_path: str, merges_path: str) -> ByteLevelBPETokenizer:
     return (DebertaBPETokenizer if deberta else ByteLevelBPETokenizer)(vocab, merges, source=vocab_path)
 
 
+def load_spiece_model(path: str) -> SentencePieceTokenizer:
+    """ALBERT's or XLNet's spiece.model, told apart by XLNet's <eod> piece (`XLNetTokenizer`,
+    cased as the published XLNets; else ALBERT's, uncased)."""
+    if not tf.io.gfile.exists(path):
+        raise TokenizerError(f"SentencePiece model '{path}' not found")
+    with tf.io.gfile.GFile(path, "rb") as f:
+        proto = f.read()
+    processor = SentencePieceTokenizer._load(proto, path, "ALBERT's or XLNet's spiece.model")
+    xlnet = processor.piece_to_id(XLNET_EOD) != processor.unk_id()
+    return (XLNetTokenizer if xlnet else SentencePieceTokenizer)(proto, source=path)
+
+
 def load_tokenizer(path: str) -> Tokenizer:
     """Loads a tokenizer from a directory or a file, detecting its kind.
 
     A directory whose tokenizer_config.json names a "kind" loads that kind. Otherwise: vocab.txt ->
     WordPiece (casing inferred); vocab.json + merges.txt -> byte-level BPE (DeBERTa's when the
     vocab has [CLS] and no <s>, `load_bpe_files`); spm.model -> DeBERTa-v2/v3 SentencePiece;
-    spiece.model or a single *.model -> ALBERT SentencePiece (uncased, as every published
-    ALBERT); tokenizer.json -> that pipeline (`TokenizerJsonTokenizer`) with the conventions
-    of the kind whose transformers class its tokenizer_config.json names. A file: spm.model
-    -> DeBERTa SentencePiece, another *.model -> ALBERT's, vocab.json -> BPE (merges.txt
+    spiece.model or a single *.model -> ALBERT's SentencePiece (uncased, as every published
+    ALBERT), or XLNet's when it has an <eod> piece (`load_spiece_model`); tokenizer.json ->
+    that pipeline (`TokenizerJsonTokenizer`) with the conventions of the kind whose
+    transformers class its tokenizer_config.json names. A file: spm.model
+    -> DeBERTa SentencePiece, another *.model -> ALBERT's or XLNet's, vocab.json -> BPE (merges.txt
     beside it), else a WordPiece vocab.txt.
 
     Raises:
@@ -67,7 +81,7 @@ def load_tokenizer(path: str) -> Tokenizer:
         model_files = sorted(n for n in names if n.endswith(".model"))
         if SP_MODEL_FILE in names or len(model_files) == 1:
             name = SP_MODEL_FILE if SP_MODEL_FILE in names else model_files[0]
-            return SentencePieceTokenizer.from_model_file(os.path.join(path, name))
+            return load_spiece_model(os.path.join(path, name))
         if TOKENIZER_JSON_FILE in names:
             return _load_hf_tokenizer_json(path, config)
         raise TokenizerError(
@@ -80,7 +94,7 @@ def load_tokenizer(path: str) -> Tokenizer:
     if os.path.basename(path) == DEBERTA_SPM_FILE:
         return DebertaSentencePieceTokenizer.from_model_file(path)
     if path.endswith(".model"):
-        return SentencePieceTokenizer.from_model_file(path)
+        return load_spiece_model(path)
     if path.endswith(".json"):
         return load_bpe_files(path, os.path.join(os.path.dirname(path), BPE_MERGES_FILE))
     return WordPieceTokenizer.from_vocab_file(path)

@@ -116,31 +116,36 @@ class SentencePieceTokenizer(SentencePieceFile):
     _MODEL_FILE = SP_MODEL_FILE
     _KIND = "sentencepiece"
     _HF_CLASS = "AlbertTokenizer"
+    # The pieces the model must have, the family in messages, and the published casing.
+    _REQUIRED_PIECES: tuple[str, ...] = (SP_PAD, SP_UNK, *SP_CONTROL_SYMBOLS)
+    _FAMILY = "ALBERT"
+    _DEFAULT_LOWERCASE = True
 
-    def __init__(self, model_proto: bytes, *, lowercase: bool = True, source: str = "the model"):
+    def __init__(self, model_proto: bytes, *, lowercase: bool | None = None, source: str = "the model"):
         """Args:
           model_proto: a serialized SentencePiece ModelProto (the bytes of a .model file).
-          lowercase: ALBERT's do_lower_case (True for every published ALBERT).
+          lowercase: the original's do_lower_case; None: the published models' (ALBERT's
+            uncased, `_DEFAULT_LOWERCASE`).
           source: names the model in error messages.
 
         Raises:
           TokenizerError: not a SentencePiece model, or a special token missing.
         """
-        processor = self._load(model_proto, source, "ALBERT's spiece.model")
+        processor = self._load(model_proto, source, f"{self._FAMILY}'s spiece.model")
         self._sp = processor
         self._proto = bytes(model_proto)
-        self._lowercase = bool(lowercase)
+        self._lowercase = self._DEFAULT_LOWERCASE if lowercase is None else bool(lowercase)
         self._tokens = tuple(processor.id_to_piece(i) for i in range(processor.get_piece_size()))
         self._vocab = {t: i for i, t in enumerate(self._tokens)}
-        for token in (SP_PAD, SP_UNK, *SP_CONTROL_SYMBOLS):
+        for token in self._REQUIRED_PIECES:
             if token not in self._vocab:
                 raise TokenizerError(
-                    f"{source}: the model has no {token} piece: ALBERT needs "
-                    f"{', '.join((SP_PAD, SP_UNK, *SP_CONTROL_SYMBOLS))}"
+                    f"{source}: the model has no {token} piece: {self._FAMILY} needs "
+                    f"{', '.join(self._REQUIRED_PIECES)}"
                 )
 
     @classmethod
-    def from_model_file(cls, path: str, lowercase: bool = True) -> SentencePieceTokenizer:
+    def from_model_file(cls, path: str, lowercase: bool | None = None) -> SentencePieceTokenizer:
         """Loads a .model file, e.g. ALBERT's published spiece.model / 30k-clean.model."""
         if not tf.io.gfile.exists(path):
             raise TokenizerError(f"SentencePiece model '{path}' not found")
@@ -150,10 +155,8 @@ class SentencePieceTokenizer(SentencePieceFile):
     @classmethod
     def from_directory(cls, directory: str, config: Mapping[str, Any]) -> SentencePieceTokenizer:
         """The tokenizer `save` wrote to `directory`, whose tokenizer_config.json is `config`
-        (uncased where it does not say)."""
-        return cls.from_model_file(
-            os.path.join(directory, SP_MODEL_FILE), lowercase=config.get("lowercase", True)
-        )
+        (the published casing where it does not say)."""
+        return cls.from_model_file(os.path.join(directory, SP_MODEL_FILE), lowercase=config.get("lowercase"))
 
     def pieces(self, text: str) -> list[str]:
         """ALBERT's `encode_pieces(sp_model, preprocess_text(text))`."""

@@ -173,6 +173,7 @@ class TokenizerJsonTokenizer(base.PipelineTable):
         self._vocab = vocab
         self._SPECIAL_TOKENS = special_tokens
         self._SPARE_EMBEDDING_ROWS = backend._SPARE_EMBEDDING_ROWS
+        self._EOD_TOKEN = backend._EOD_TOKEN
         self.pair_format = backend.pair_format
         dropped = _NOT_SETTINGS | set(HF_SPECIAL_KEYS)
         self._hf_settings = {k: v for k, v in (hf_settings or {}).items() if k not in dropped}

@@ -1,7 +1,7 @@
 """Learning a new vocab from documents, streaming: BERT's WordPiece (`train_wordpiece`),
-RoBERTa's byte-level BPE (`train_bpe`) and ALBERT's SentencePiece unigram model
-(`train_sentencepiece`). `TRAINABLE_KINDS` says how `python -m data.tokenizers train` makes
-each kind.
+RoBERTa's byte-level BPE (`train_bpe`), ALBERT's SentencePiece unigram model
+(`train_sentencepiece`) and XLNet's (`train_xlnet_sentencepiece`). `TRAINABLE_KINDS` says
+how `python -m data.tokenizers train` makes each kind.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from data.tokenizers.sentencepiece import (
     albert_preprocess,
 )
 from data.tokenizers.wordpiece import VOCAB_FILE, WordPieceTokenizer, bert_pipeline
+from data.tokenizers.xlnet import XLNET_CONTROL_SYMBOLS, XLNET_USER_SYMBOLS, XLNetTokenizer
 
 # ALBERT's spm_train flags for 30k-clean.model (google-research/albert README).
 SP_USER_SYMBOLS = ("(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac")
@@ -153,6 +154,57 @@ def train_sentencepiece(
     Raises:
       TokenizerError: no sentences, or vocab_size larger than the corpus supports.
     """
+    model = _train_unigram(
+        documents,
+        lowercase,
+        vocab_size=vocab_size,
+        pad_id=0,
+        unk_id=1,
+        bos_id=-1,
+        eos_id=-1,
+        control_symbols=list(SP_CONTROL_SYMBOLS),
+        user_defined_symbols=list(SP_USER_SYMBOLS),
+        character_coverage=character_coverage,
+    )
+    return SentencePieceTokenizer(model, lowercase=lowercase, source="the trained model")
+
+
+def train_xlnet_sentencepiece(
+    documents: Iterable[Sequence[str]],
+    vocab_size: int = 32000,
+    *,
+    lowercase: bool = False,
+    character_coverage: float = 0.99995,
+) -> XLNetTokenizer:
+    """Learns a unigram SentencePiece model with XLNet's spm_train flags (zihangdai/xlnet
+    README), on text prepared as XLNet prepares it (the same as ALBERT's `albert_preprocess`).
+
+    Returns:
+      A tokenizer with <unk>=0 <s>=1 </s>=2 <cls>=3 <sep>=4 <pad>=5 <mask>=6 <eod>=7 <eop>=8,
+      the user symbols . ( ) " - – £ € next, then the learned pieces (cased by default, as
+      the published XLNets).
+
+    Raises:
+      TokenizerError: no sentences, or vocab_size larger than the corpus supports.
+    """
+    model = _train_unigram(
+        documents,
+        lowercase,
+        vocab_size=vocab_size,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        control_symbols=list(XLNET_CONTROL_SYMBOLS),
+        user_defined_symbols=list(XLNET_USER_SYMBOLS),
+        character_coverage=character_coverage,
+    )
+    return XLNetTokenizer(model, lowercase=lowercase, source="the trained model")
+
+
+def _train_unigram(documents: Iterable[Sequence[str]], lowercase: bool, **flags) -> bytes:
+    """A unigram spm model (serialized) trained on the documents' sentences, each prepared by
+    `albert_preprocess`, with spm_train `flags`."""
     sentences = 0
 
     def normalised() -> Iterator[str]:
@@ -168,23 +220,16 @@ def train_sentencepiece(
             sentence_iterator=normalised(),
             model_writer=model,
             model_type="unigram",
-            vocab_size=vocab_size,
-            pad_id=0,
-            unk_id=1,
-            bos_id=-1,
-            eos_id=-1,
-            control_symbols=list(SP_CONTROL_SYMBOLS),
-            user_defined_symbols=list(SP_USER_SYMBOLS),
-            character_coverage=character_coverage,
             shuffle_input_sentence=True,
             input_sentence_size=10_000_000,
             minloglevel=2,
+            **flags,
         )
     except RuntimeError as e:
         if not sentences:
             raise TokenizerError("no sentences to train the vocab on: the corpus is empty") from None
         raise TokenizerError(f"SentencePiece training failed: {str(e).strip().splitlines()[-1]}") from None
-    return SentencePieceTokenizer(model.getvalue(), lowercase=lowercase, source="the trained model")
+    return model.getvalue()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +275,13 @@ TRAINABLE_KINDS = {
         written=SP_MODEL_FILE,
         default_vocab_size=30000,
         name="SentencePiece",
+    ),
+    "xlnet_spm": TrainableKind(
+        train_xlnet_sentencepiece,
+        options=("lowercase",),
+        written=SP_MODEL_FILE,
+        default_vocab_size=32000,
+        name="XLNet SentencePiece",
     ),
 }
 KINDS = tuple(TRAINABLE_KINDS)  # the kinds `train` makes

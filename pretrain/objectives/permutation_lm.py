@@ -7,10 +7,10 @@ the query stream predicts the targets, whose loss is the mean over the whole bat
 targets; every layer reads the memory of the row's previous segment and leaves the next
 one (`init_carry`, `loss_with_carry`; docs/architecture.md "Carried state").
 
-The batch (the data stream that makes it is XLNet's own pipeline format, still to come):
-input_ids, segment_ids (0 for the reused part and A, 1 for B, 2 for <cls>), input_mask,
-functional (1 at <sep> and <cls>) [B, L]; target_positions, target_weights [B, P]; and
-direction [B] (+1, or -1 for a row read backwards).
+The batch (PipelineConfig.format "xlnet_stream", data/xlnet_stream.py): input_ids,
+segment_ids (0 for the reused part and A, 1 for B, 2 for <cls>), input_mask, functional (1
+at <sep> and <cls>) [B, L]; target_positions, target_weights [B, P]; and direction [B] (+1,
+or -1 for a row read backwards).
 """
 
 from __future__ import annotations
@@ -59,10 +59,16 @@ class PermutationLM(Objective):
             )
         self.model_config = model_config
         self.options = model_config.xlnet
-        if not 0 <= self.options.reuse_len < pipeline_config.max_seq_length:
+        if pipeline_config.format != "xlnet_stream":
             raise ConfigError(
-                f"XLNetOptions.reuse_len = {self.options.reuse_len} must be below the row length "
-                f"{pipeline_config.max_seq_length} (PipelineConfig.max_seq_length)"
+                f"the objective PermutationLM trains on XLNet's rows: set PipelineConfig.format = "
+                f"'xlnet_stream' (got {pipeline_config.format!r}; configs/recipes/xlnet.gin)"
+            )
+        if self.options.reuse_len != pipeline_config.reuse_len:
+            raise ConfigError(
+                f"XLNetOptions.reuse_len = {self.options.reuse_len} but PipelineConfig.reuse_len = "
+                f"{pipeline_config.reuse_len}: the memory must hold the part of each row that the next "
+                "row continues; set both to the same value"
             )
         self._module = PermutationLMModel(model_config)
 
