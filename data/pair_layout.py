@@ -12,7 +12,8 @@ the tf.data instances (pretraining: tensors).
                                           position)
 
 A single text is `[CLS] A [SEP]` (`<s> A </s>`), segment ids all 0, in the first two layouts;
-`A <sep> <cls>`, segment ids 0 0 2, in XLNet's. Each tokenizer names its layout
+`A <sep> <cls>`, segment ids 0 0 2, in XLNet's, whose padded rows are padded on the left
+(segment id 4) so that <cls> is always last (`PairLayout.placement`). Each tokenizer names its layout
 (`Tokenizer.pair_format`); the layouts differ only in the number of separators between A
 and B, B's segment id and where the classification token sits and with which segment id,
 which is all the code below reads (no branch per name).
@@ -34,13 +35,27 @@ if TYPE_CHECKING:
 class PairLayout:
     """name; separators: [SEP]s between A and B; b_segment: segment id of B and its [SEP];
     cls_last: the classification token closes the row (XLNet) instead of opening it, with
-    segment id cls_segment."""
+    segment id cls_segment; and then a padded row is padded on the left, so that the token
+    sits at the last position, with segment id pad_segment (XLNet's classifier_utils.py:
+    SEG_ID_PAD = 4)."""
 
     name: str
     separators: int
     b_segment: int
     cls_last: bool = False
     cls_segment: int = 0
+    pad_segment: int = 0
+
+    def single_segments(self, tokens: int) -> list[int]:
+        """The segment ids of a single-text row of `tokens` tokens (`ids(a, None)`'s)."""
+        if self.cls_last:
+            return [0] * (tokens - 1) + [self.cls_segment]
+        return [self.cls_segment] + [0] * (tokens - 1)
+
+    def placement(self, tokens: int, length: int) -> slice:
+        """Where a row of `tokens` tokens sits in a padded row of `length`: at the start, or at
+        the end when the classification token closes the row (left padding)."""
+        return slice(length - tokens, length) if self.cls_last else slice(0, tokens)
 
     def num_specials(self, pair: bool = True) -> int:
         """Special tokens in a row: [CLS] and the closing [SEP], plus the separators of a pair."""
@@ -83,7 +98,7 @@ class PairLayout:
 LAYOUTS = {
     "bert": PairLayout("bert", separators=1, b_segment=1),
     "roberta": PairLayout("roberta", separators=2, b_segment=0),
-    "xlnet": PairLayout("xlnet", separators=1, b_segment=1, cls_last=True, cls_segment=2),
+    "xlnet": PairLayout("xlnet", separators=1, b_segment=1, cls_last=True, cls_segment=2, pad_segment=4),
 }
 NAMES = tuple(LAYOUTS)
 

@@ -40,7 +40,7 @@ from core.errors import UserError
 from core.sharding import Partitioner
 from core.state import StateFactory, TrainState
 from core.throughput import Throughput
-from data import tokenizers
+from data import pair_layout, tokenizers
 from data.tokenizers import Tokenizer
 from finetune import metrics
 from finetune.model import load_encoder
@@ -79,11 +79,12 @@ class Features:
 def featurize(examples: Sequence[Example], task: Task, tokenizer: Tokenizer, max_seq_length: int) -> Features:
     """Tokenizes and packs examples into fixed-length [N, max_seq_length] int32 arrays, in
     the tokenizer's pair format (`tokenizers.pair_inputs`: BERT's `[CLS] A [SEP] B [SEP]`,
-    RoBERTa's `<s> A </s></s> B </s>`)."""
+    RoBERTa's `<s> A </s></s> B </s>`, XLNet's `A <sep> B <sep> <cls>` padded on the left)."""
     n = len(examples)
+    layout = pair_layout.get(tokenizer.pair_format)
     ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
     mask = np.zeros((n, max_seq_length), np.int32)
-    segments = np.zeros((n, max_seq_length), np.int32)
+    segments = np.full((n, max_seq_length), layout.pad_segment, np.int32)
     labels = np.zeros(n, np.float32 if task.is_regression else np.int32)
     texts_a = tokenizer.encode_batch([e.text_a for e in examples])
     pair = n and examples[0].text_b is not None
@@ -92,9 +93,10 @@ def featurize(examples: Sequence[Example], task: Task, tokenizer: Tokenizer, max
     for i, (example, a, b) in enumerate(zip(examples, texts_a, texts_b)):
         tokens, types, cut = tokenizers.pair_inputs(tokenizer, a, b, max_seq_length)
         truncated += cut
-        ids[i, : len(tokens)] = tokens
-        mask[i, : len(tokens)] = 1
-        segments[i, : len(tokens)] = types
+        place = layout.placement(len(tokens), max_seq_length)
+        ids[i, place] = tokens
+        mask[i, place] = 1
+        segments[i, place] = types
         if example.label is not None:
             labels[i] = example.label
     return Features(ids, mask, segments, labels, truncated)

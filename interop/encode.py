@@ -7,8 +7,10 @@ Each line of FILE.txt is one sentence, or a sentence pair separated by a tab. In
 built as in BERT: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, segment ids 0 for A and 1
 for B, the longer side trimmed from its end until the pair fits (`truncate_seq_pair`).
 A RoBERTa tokenizer (`pair_format` "roberta") gives RoBERTa's pair format instead,
-`<s> A </s></s> B </s>` with segment ids all 0. Rows are right-padded to the longest row
-(at most max_seq_length).
+`<s> A </s></s> B </s>` with segment ids all 0, and an XLNet tokenizer XLNet's, `A <sep> B
+<sep> <cls>` with segment ids 0, 1, 2 (data/pair_layout.py). Rows are padded to the longest
+row (at most max_seq_length): on the right, or on the left for XLNet (segment id 4), whose
+classification token is last.
 
 OUT.npz holds `input_ids`, `attention_mask`, `token_type_ids` [n, L] int32 and
 `last_hidden_state` [n, L, H] float32 (padding rows included: mask them out with
@@ -35,7 +37,7 @@ import tensorflow as tf
 
 from core import cli
 from core.errors import UserError
-from data import tokenizers
+from data import pair_layout, tokenizers
 from interop import bundle
 from models.backbone import encoder_module
 from models.encoder import EncoderConfig
@@ -74,15 +76,17 @@ def build_inputs(
         b = tokenizer.encode(b_text) if tab else None
         rows.append(tokenizers.pair_inputs(tokenizer, tokenizer.encode(a_text), b, max_seq_length)[:2])
     length = max(len(ids) for ids, _ in rows)
+    layout = pair_layout.get(tokenizer.pair_format)
     out = {
         "input_ids": np.full((len(rows), length), tokenizer.pad_id, np.int32),
         "attention_mask": np.zeros((len(rows), length), np.int32),
-        "token_type_ids": np.zeros((len(rows), length), np.int32),
+        "token_type_ids": np.full((len(rows), length), layout.pad_segment, np.int32),
     }
     for i, (ids, segment) in enumerate(rows):
-        out["input_ids"][i, : len(ids)] = ids
-        out["attention_mask"][i, : len(ids)] = 1
-        out["token_type_ids"][i, : len(ids)] = segment
+        place = layout.placement(len(ids), length)
+        out["input_ids"][i, place] = ids
+        out["attention_mask"][i, place] = 1
+        out["token_type_ids"][i, place] = segment
     return out
 
 

@@ -1,5 +1,6 @@
 """Fill-mask: the top-k tokens a workdir's masked LM predicts for each mask in a text (its
-MLM head; ELECTRA's and DeBERTa-v3's generator: models/trees.py `masked_lm`).
+MLM head; ELECTRA's and DeBERTa-v3's generator; XLNet's query stream: models/trees.py
+`masked_lm`).
 
     python -m interop.predict --workdir=W --text "Paris is the [MASK] of France." [--text ...] [--top_k=5]
 
@@ -20,19 +21,20 @@ import jax
 import numpy as np
 
 from core import cli
-from data import tokenizers
+from data import pair_layout, tokenizers
 from interop import bundle
 from interop import encode as encode_lib
 from models import trees
 
 
 def masked_inputs(tokenizer: tokenizers.Tokenizer, text: str, max_seq_length: int) -> list[int]:
-    """`[CLS] ... [SEP]` ids of `text` with each written mask token as the mask id."""
+    """The ids of `text` as a single-text row of the tokenizer's layout (`[CLS] ... [SEP]`;
+    XLNet's `... <sep> <cls>`) with each written mask token as the mask id."""
     mask = tokenizer.id_to_token(tokenizer.mask_id)
     pieces = text.split(mask)
     if len(pieces) == 1:
         raise encode_lib.EncodeError(f"--text {text!r} has no {mask} token to fill")
-    ids = [tokenizer.cls_id]
+    ids = []
     for i, piece in enumerate(pieces):
         if i:
             ids.append(tokenizer.mask_id)
@@ -41,7 +43,8 @@ def masked_inputs(tokenizer: tokenizers.Tokenizer, text: str, max_seq_length: in
         if i + 1 < len(pieces):
             piece = piece.rstrip()
         ids += tokenizer.encode(piece.lstrip() if i == 0 else piece)
-    ids.append(tokenizer.sep_id)
+    layout = pair_layout.get(tokenizer.pair_format)
+    ids = layout.ids(ids, None, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)[0]
     if len(ids) > max_seq_length:
         raise encode_lib.EncodeError(
             f"--text {text[:40]!r}... is {len(ids)} tokens long; the model takes at most {max_seq_length}"
@@ -60,24 +63,33 @@ def fill_mask(
 def fill_mask_ids(
     pretrained: bundle.Pretrained, rows: Sequence[Sequence[int]], top_k: int
 ) -> list[list[list[tuple[str, float]]]]:
-    """`fill_mask` for rows already tokenized (`[CLS] ... [SEP]` ids with the mask id at the
-    positions to fill): for each row, for each mask, the top_k (token, probability) pairs."""
+    """`fill_mask` for rows already tokenized (single-text rows of the tokenizer's layout,
+    `masked_inputs`, with the mask id at the positions to fill): for each row, for each mask,
+    the top_k (token, probability) pairs."""
     tokenizer = pretrained.tokenizer
+    layout = pair_layout.get(tokenizer.pair_format)
     model, params = trees.masked_lm(pretrained.config, pretrained.params)
     # One batch, padded to the longest row and to the most masks of a row: one compilation.
     length = max(len(ids) for ids in rows)
-    positions = [[i for i, t in enumerate(ids) if t == tokenizer.mask_id] for ids in rows]
+    places = [layout.placement(len(ids), length) for ids in rows]
+    positions = [
+        [place.start + i for i, t in enumerate(ids) if t == tokenizer.mask_id]
+        for ids, place in zip(rows, places)
+    ]
     predictions = max(len(p) for p in positions)
     batch = {
         "input_ids": np.full((len(rows), length), tokenizer.pad_id, np.int32),
         "input_mask": np.zeros((len(rows), length), np.int32),
-        "segment_ids": np.zeros((len(rows), length), np.int32),
+        "segment_ids": np.full((len(rows), length), layout.pad_segment, np.int32),
         "masked_lm_positions": np.zeros((len(rows), predictions), np.int32),
+        "masked_lm_weights": np.zeros((len(rows), predictions), np.float32),
     }
-    for row, (ids, where) in enumerate(zip(rows, positions)):
-        batch["input_ids"][row, : len(ids)] = ids
-        batch["input_mask"][row, : len(ids)] = 1
+    for row, (ids, place, where) in enumerate(zip(rows, places, positions)):
+        batch["input_ids"][row, place] = ids
+        batch["input_mask"][row, place] = 1
+        batch["segment_ids"][row, place] = layout.single_segments(len(ids))
         batch["masked_lm_positions"][row, : len(where)] = where
+        batch["masked_lm_weights"][row, : len(where)] = 1
     apply = jax.jit(
         lambda p, b: jax.nn.softmax(model.apply({"params": p}, b, deterministic=True)["mlm_logits"])
     )

@@ -6,10 +6,11 @@ names the head; each family's head lives in its own module and `HEADS` names the
   "pooler" (BERT, ALBERT), "roberta": models/heads.py
   "electra": models/electra.py
   "deberta": models/deberta.py
+  "xlnet": models/xlnet.py
 
 Parameter tree: `encoder` (models/encoder.py or models/deberta.py, loaded from the
 pretrained workdir; with a pooler only when the head reads it), `classifier_dense/{kernel,
-bias}` (the heads with a dense layer of their own: "roberta", "deberta") and
+bias}` (the heads with a dense layer of their own: "roberta", "deberta", "xlnet") and
 `classifier/{kernel, bias}` (new; zero bias; kernel truncated normal with the model's
 initializer_range, or the head's own initialiser: ELECTRA's Glorot uniform).
 """
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from core import axes
-from models import deberta, electra, heads
+from models import deberta, electra, heads, xlnet
 from models.backbone import encoder_module
 from models.dropout import Dropout
 from models.encoder import EncoderConfig, bias_init, kernel_init
@@ -34,6 +35,7 @@ HEADS: Mapping[str, heads.ClassifierHead] = {
     "roberta": heads.ROBERTA_HEAD,
     "electra": electra.CLASSIFIER_HEAD,
     "deberta": deberta.CLASSIFIER_HEAD,
+    "xlnet": xlnet.CLASSIFIER_HEAD,
 }
 
 

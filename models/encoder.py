@@ -262,6 +262,12 @@ class EncoderConfig:
                         f"(EncoderConfig.{options} is set): use {bert_only!r}"
                     )
         if self.xlnet is not None:
+            if self.pooler:
+                raise ConfigError(
+                    "EncoderConfig.pooler is True, but XLNet's encoder has no pooler: set "
+                    "EncoderConfig.pooler = False and a classifier head that reads none "
+                    "(EncoderConfig.classifier_head = 'xlnet', its summary of the last position)"
+                )
             opts = self.xlnet
             rate = 0.0 if opts.activation_dropout is None else opts.activation_dropout
             if opts.mem_len < 0 or opts.reuse_len < 0 or opts.clamp_len < -1 or not 0 <= rate < 1:

@@ -124,6 +124,8 @@ VOCAB_ROWS = (
     ("mlm_head", "output_bias"),
     ("generator_head", "output_bias"),
     ("sbo_head", "output_bias"),
+    ("encoder", "word_embeddings"),  # XLNet's encoder holds its table as an array
+    ("plm_head", "output_bias"),
 )
 
 

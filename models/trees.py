@@ -7,10 +7,11 @@ module asks each in turn, so no reader asks which family it holds:
 
 - `for_readers`: DeBERTa-v3's discriminator keeps a GDES delta instead of a word table;
   every reader gets the plain tree (models/deberta_rtd.py `fold_gdes`).
-- `masked_lm`: the masked LM of ELECTRA and DeBERTa-v3 is the generator
-  (models/electra.py, models/deberta_rtd.py `generator_masked_lm`); BERT's is
-  `encoder` + `mlm_head`, through DeBERTa's enhanced mask decoder when its tree has the
-  decoder's position table (models/deberta.py).
+- `masked_lm`: XLNet's predicts through its query stream (models/xlnet.py `masked_lm`);
+  the masked LM of ELECTRA and DeBERTa-v3 is the generator (models/electra.py,
+  models/deberta_rtd.py `generator_masked_lm`); BERT's is `encoder` + `mlm_head`, through
+  DeBERTa's enhanced mask decoder when its tree has the decoder's position table
+  (models/deberta.py).
 - `encoder_for_finetuning`: an encoder tree without the arrays only pretraining reads
   (DeBERTa's mask-decoder position table).
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import flax.linen as nn
 
-from models import deberta, deberta_rtd, electra
+from models import deberta, deberta_rtd, electra, xlnet
 from models.encoder import EncoderConfig
 from models.heads import NoMaskedLMError
 from models.pretraining import BertPretrainingModel
@@ -32,6 +33,11 @@ Tree = Mapping[str, Any]
 
 # Each takes a tree and returns it as readers expect it (unchanged when not its family's).
 _READER_FOLDS: tuple[Callable[[Tree], dict[str, Any]], ...] = (deberta_rtd.fold_gdes,)
+# Families whose masked LM is a model of their own: each returns (module, its params) for its
+# own trees and None for others.
+_OWN_MASKED_LMS: tuple[Callable[[EncoderConfig, Tree], tuple[nn.Module, dict] | None], ...] = (
+    xlnet.masked_lm,
+)
 # Families whose masked LM is not `encoder` + `mlm_head`, the most specific first: each
 # returns (config, {encoder, mlm_head}) for its own trees and None for others.
 _GENERATOR_MASKED_LMS: tuple[Callable[[EncoderConfig, Tree], tuple[EncoderConfig, dict] | None], ...] = (
@@ -50,13 +56,17 @@ def for_readers(params: Tree) -> dict[str, Any]:
 
 def masked_lm(config: EncoderConfig, params: Tree) -> tuple[nn.Module, dict[str, Any]]:
     """The masked LM inside a pretraining tree: (module, its params). The module is a
-    BertPretrainingModel without pooler or sentence head: `module.apply({"params": p},
+    BertPretrainingModel without pooler or sentence head (XLNet's: its own, the same call):
+    `module.apply({"params": p},
     batch, deterministic=True)["mlm_logits"]` is [B, P, V] float32 for a batch of int32
     `input_ids`, `input_mask`, `segment_ids` [B, L] and `masked_lm_positions` [B, P].
 
     Raises:
       NoMaskedLMError: the tree has no masked-LM head (e.g. imported from BertModel).
     """
+    own = next((f for f in (view(config, params) for view in _OWN_MASKED_LMS) if f), None)
+    if own is not None:
+        return own
     found = next((f for f in (view(config, params) for view in _GENERATOR_MASKED_LMS) if f), None)
     if found is not None:
         config, params = found

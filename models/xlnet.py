@@ -31,48 +31,53 @@ BERT's layer norms and FFN (`TransformerLayer`). The word table is `word_embeddi
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from core import axes
+from core.errors import ConfigError
 from models import matmul
 from models.attention import drop_probabilities
 from models.dropout import Dropout
 from models.encoder import (
     EncoderConfig,
+    EncoderOutput,
     TransformerLayer,
     add_and_normalize,
     constrain_hidden,
+    dense,
     heads_in,
     heads_out,
     hidden_dropout,
     kernel_init,
     real_rows_init,
 )
+from models.heads import ClassifierHead, NoMaskedLMError
 
 # What the original subtracts from a masked score (modeling.py `rel_attn_core`): float32,
 # so that a row with nothing visible becomes uniform, as there.
 _MASKED = 1e30
 
 
-@dataclasses.dataclass(frozen=True)
-class StreamOutput:
-    """What the encoder returns.
+@flax.struct.dataclass
+class XLNetOutput(EncoderOutput):
+    """What the encoder returns: BERT's `EncoderOutput` (sequence_output: [B, L, H] compute
+    dtype, the content stream's last layer; pooled_output None; word_embeddings the word
+    table), and
 
-    content: [B, L, H] compute dtype, the content stream's last layer (after the final
-      dropout).
     query: [B, P, H] compute dtype, the query stream at the targets, or None without targets.
     memory: [B, layers, M, H], the memory the next segment of these rows reads (its dtype is
-      the input memory's), or None when mem_len is 0.
+      the input memory's), or None when mem_len is 0 (a caller that reads none, as
+      fine-tuning, leaves it to the compiler to drop).
     """
 
-    content: jax.Array
-    query: jax.Array | None
-    memory: jax.Array | None
+    query: jax.Array | None = None
+    memory: jax.Array | None = None
 
 
 def relative_distances(qlen: int, klen: int, direction: jax.Array, clamp_len: int) -> jax.Array:
@@ -226,7 +231,11 @@ class XLNetLayer(TransformerLayer):
 
 class XLNetEncoder(nn.Module):
     """XLNet's encoder: `word_embeddings` and `layer_{i}` (XLNetLayer), both streams and
-    memories (module docstring). `config.xlnet` holds mem_len, reuse_len and clamp_len."""
+    memories (module docstring). `config.xlnet` holds mem_len, reuse_len and clamp_len.
+
+    Called as BERT's encoder (models/backbone.py: fine-tuning, feature extraction, MLM), it
+    runs the content stream alone with no memory, every real token visible: the original's
+    fine-tuning model."""
 
     config: EncoderConfig
 
@@ -234,8 +243,10 @@ class XLNetEncoder(nn.Module):
     def __call__(
         self,
         input_ids: jax.Array,
-        segment_ids: jax.Array,
         input_mask: jax.Array,
+        segment_ids: jax.Array,
+        positions: jax.Array | None = None,
+        example_ids: jax.Array | None = None,
         *,
         deterministic: bool,
         memory: jax.Array | None = None,
@@ -245,14 +256,17 @@ class XLNetEncoder(nn.Module):
         mask_embedding: jax.Array | None = None,
         direction: jax.Array | None = None,
         row_index: jax.Array | None = None,
-    ) -> StreamOutput:
+    ) -> XLNetOutput:
         """Both streams over a batch of rows.
 
         Args:
           input_ids, segment_ids: [B, L] int32 (segments 0, 1, 2 in pretraining: A, B, <cls>;
             fine-tuning pads with another id).
           input_mask: [B, L] int32, 1 = real token (keys at 0 are hidden).
-          memory: [B, layers, M, H], the rows' memories (always visible, segment 0), or None.
+          positions: ignored (BERT's encoder's argument): positions are relative.
+          example_ids: packed rows, which XLNet's encoder does not take (an error).
+          memory: [B, layers, M, H], the rows' memories (always visible, segment 0), or None
+            (none read: the first segment, fine-tuning).
           visible: [B, L, L] bool, query i may attend to key j by the permutation (the
             content stream also always sees itself); None = every real token.
           target_positions: [B, P] int32, the query stream's targets; None = no query stream.
@@ -265,6 +279,11 @@ class XLNetEncoder(nn.Module):
         cfg = self.config
         opts = cfg.xlnet
         batch, length = input_ids.shape
+        if example_ids is not None:
+            raise ConfigError(
+                "XLNet's encoder does not take packed rows (example_ids): use a PipelineConfig "
+                "format without packing"
+            )
         if direction is None:
             direction = jnp.ones((batch,), jnp.int32)
         table = self.param(
@@ -334,7 +353,9 @@ class XLNetEncoder(nn.Module):
         h = drop(h, deterministic=deterministic)
         if g is not None:
             g = drop(g, deterministic=deterministic)
-        return StreamOutput(content=h, query=g, memory=memory_out)
+        return XLNetOutput(
+            sequence_output=h, pooled_output=None, word_embeddings=table, query=g, memory=memory_out
+        )
 
 
 class PLMHead(nn.Module):
@@ -397,8 +418,8 @@ class PermutationLMModel(nn.Module):
         encoder = XLNetEncoder(self.config, name="encoder")
         out = encoder(
             input_ids,
-            segment_ids,
             input_mask,
+            segment_ids,
             deterministic=deterministic,
             memory=memory,
             visible=visible,
@@ -408,5 +429,80 @@ class PermutationLMModel(nn.Module):
             direction=direction,
             row_index=row_index,
         )
-        table = nn.meta.unbox(encoder.variables["params"]["word_embeddings"])
-        return head.logits(out.query, table), out.memory
+        return head.logits(out.query, out.word_embeddings), out.memory
+
+
+def _summary_features(cfg: EncoderConfig, encoded: EncoderOutput, dropout: Dropout, deterministic: bool):
+    last = encoded.sequence_output[:, -1]
+    return jnp.tanh(dense(cfg, cfg.hidden_size, (axes.EMBED, axes.MLP), name="classifier_dense")(last))
+
+
+#: XLNet's sequence summary (modeling.py `summarize_sequence`, summary_type "last",
+#: use_proj; transformers' SequenceSummary): the last position, where `<cls>` sits in a
+#: left-padded row -> dense H -> tanh -> dropout -> classifier. No dropout before the dense.
+CLASSIFIER_HEAD = ClassifierHead(_summary_features)
+
+
+def abstract_params(config: EncoderConfig) -> Any:
+    """PermutationLMModel's parameter tree (`encoder`, `plm_head`) as ShapeDtypeStructs in
+    their partitioning boxes; allocates nothing."""
+    ids = jnp.zeros((1, 4), jnp.int32)
+    variables = jax.eval_shape(
+        lambda: PermutationLMModel(config).init(
+            jax.random.key(0),
+            ids,
+            ids,
+            ids,
+            ids[:, :2],
+            jnp.ones((1, 4, 4), bool),
+            jnp.ones((1, 2, 4), bool),
+            deterministic=True,
+        )
+    )
+    return variables["params"]
+
+
+class FillMaskModel(nn.Module):
+    """Fill-mask through the query stream (`interop.predict`): each mask is predicted from
+    every token that is not a mask, and from no other mask (the masks come last in the
+    factorization order, none before another): the parameters `encoder` and `plm_head` of
+    the pretraining tree, called as models/trees.py `masked_lm`'s modules are."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, batch: dict[str, jax.Array], *, deterministic: bool) -> dict[str, jax.Array]:
+        """batch: int32 input_ids, input_mask, segment_ids [B, L], masked_lm_positions [B, P],
+        and masked_lm_weights [B, P] (0 for a padded slot; default all 1). Returns
+        {"mlm_logits": [B, P, vocab_size] float32}."""
+        positions = batch["masked_lm_positions"]
+        weights = batch.get("masked_lm_weights", jnp.ones(positions.shape, jnp.float32))
+        batch_size, length = batch["input_ids"].shape
+        rows = jnp.arange(batch_size)[:, None]
+        is_target = jnp.zeros((batch_size, length), bool).at[rows, positions].max(weights > 0)
+        visible = jnp.broadcast_to(~is_target[:, None, :], (batch_size, length, length))
+        head = PLMHead(self.config, name="plm_head")
+        out = XLNetEncoder(self.config, name="encoder")(
+            batch["input_ids"],
+            batch["input_mask"],
+            batch["segment_ids"],
+            deterministic=deterministic,
+            visible=visible,
+            target_positions=positions,
+            query_visible=jnp.take_along_axis(visible, positions[:, :, None], axis=1),
+            mask_embedding=head.start(),
+        )
+        return {"mlm_logits": head.logits(out.query, out.word_embeddings)}
+
+
+def masked_lm(config: EncoderConfig, params: Any) -> tuple[nn.Module, dict[str, Any]] | None:
+    """models/trees.py `masked_lm` for XLNet's trees: (FillMaskModel, {encoder, plm_head});
+    None for another family's config."""
+    if config.xlnet is None:
+        return None
+    if "plm_head" not in params:
+        raise NoMaskedLMError(
+            "the workdir has no PLM head (it was imported from XLNetModel): fill-mask needs the query "
+            "stream's start and LM bias of an XLNetLMHeadModel"
+        )
+    return FillMaskModel(config), {"encoder": params["encoder"], "plm_head": params["plm_head"]}

@@ -319,9 +319,9 @@ def _error(capsys, argv, main=convert_cli.main) -> str:
 
 
 def test_unsupported_model_type_is_one_line(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "xlnet", "vocab_size": 10}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "funnel", "vocab_size": 10}))
     err = _error(capsys, ["import", f"--from=hf:{tmp_path}", f"--workdir={tmp_path / 'w'}"])
-    assert "model_type 'xlnet' is not supported" in err and "bert" in err
+    assert "model_type 'funnel' is not supported" in err and "bert" in err and "xlnet" in err
 
 
 def test_unsupported_option_is_named(bert, tmp_path, capsys):

@@ -21,6 +21,7 @@ from core.errors import ConfigError
 from core.state import count_params
 from data.pipeline_config import PipelineConfig
 from models import backbone, xlnet
+from models.classifier import ClassifierModel
 from models.encoder import EncoderConfig
 from models.xlnet_options import XLNetOptions
 from pretrain.objectives import PermutationLM, permutation_lm
@@ -242,9 +243,35 @@ def test_clamp_len_0_clips_nothing_as_the_original():
     assert float(jnp.abs(xlnet.relative_distances(L, MEM + L, direction, 5)).max()) == 5.0
 
 
-def test_other_encoders_callers_refuse_xlnet_in_one_line():
-    with pytest.raises(ConfigError, match="only its pretraining objective PermutationLM builds it"):
-        backbone.encoder_module(_config())
+def test_fine_tuning_logits_do_not_depend_on_the_left_padding():
+    """The classifier (the summary of the last position) gives the same logits for a row
+    padded on the left with 1 or with 40 pads (segment id 4), and for the row alone: the pads
+    are hidden keys and the positions relative."""
+    config = dataclasses.replace(_config(), classifier_head="xlnet")
+    ids = np.array([11, 12, 13, 4, 21, 22, 4, 3], np.int32)  # A <sep> B <sep> <cls>
+    segments = np.array([0, 0, 0, 0, 1, 1, 1, 2], np.int32)
+    model = ClassifierModel(config, num_outputs=3)
+
+    def batch(pads):
+        return {
+            "input_ids": jnp.asarray(np.concatenate([np.full(pads, 5), ids])[None], jnp.int32),
+            "input_mask": jnp.asarray(np.concatenate([np.zeros(pads), np.ones(len(ids))])[None], jnp.int32),
+            "segment_ids": jnp.asarray(np.concatenate([np.full(pads, 4), segments])[None], jnp.int32),
+        }
+
+    params = model.init(jax.random.key(0), batch(1), deterministic=True)
+    logits = {pads: np.asarray(model.apply(params, batch(pads), deterministic=True)) for pads in (0, 1, 40)}
+    assert set(params["params"]) == {"encoder", "classifier_dense", "classifier"}
+    np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
+    np.testing.assert_allclose(logits[40], logits[0], atol=1e-5)
+
+
+def test_packed_rows_are_refused_in_one_line():
+    inputs = [jnp.ones((1, 4), jnp.int32)] * 3
+    with pytest.raises(ConfigError, match="XLNet's encoder does not take packed rows"):
+        backbone.encoder_module(_config()).init(
+            jax.random.key(0), *inputs, None, jnp.ones((1, 4), jnp.int32), deterministic=True
+        )
 
 
 def test_options_are_checked():
@@ -294,6 +321,7 @@ def _plm_objective():
     config = dataclasses.replace(
         mesh_training.SHARDABLE,
         hidden_act="gelu_tanh",
+        pooler=False,
         xlnet=XLNetOptions(mem_len=6, reuse_len=PLM_REUSE),
     )
     return PermutationLM(config, _plm_pipeline())

@@ -2,7 +2,7 @@
 folders (and TF1 checkpoints), and the conversion every family shares: config.json <->
 EncoderConfig, their tensors <-> our parameter tree.
 
-A family's module (bert.py, roberta.py, albert.py, electra.py, deberta.py) builds its
+A family's module (bert.py, roberta.py, albert.py, electra.py, deberta.py, xlnet.py) builds its
 format from its name table and overrides the hooks where its family differs: extra
 config.json keys, arrays a file may lack, heads, the tokenizer files, a generator. The
 code that reads and writes folders (hf.py, tf1.py) only calls the hooks.
@@ -34,8 +34,17 @@ log = logging.getLogger("convert")
 # discriminator head comes with ElectraForPreTraining, its generator (the top-level
 # `generator` and `generator_head`) from a second folder, an ElectraForMaskedLM.
 # DeBERTa-v3's replaced-token-detection head (`rtd_head`) is in the original's checkpoints
-# (mask_predictions.*) though no transformers class reads it.
-OPTIONAL_GROUPS = ("pooler", "mlm_head", "sentence_head", "discriminator_head", "generator", "rtd_head")
+# (mask_predictions.*) though no transformers class reads it. XLNet's `plm_head` (the query
+# stream's start and the LM bias) comes with XLNetLMHeadModel.
+OPTIONAL_GROUPS = (
+    "pooler",
+    "mlm_head",
+    "sentence_head",
+    "discriminator_head",
+    "generator",
+    "rtd_head",
+    "plm_head",
+)
 # HF `hidden_act` -> ours. gelu_new / gelu_pytorch_tanh are the tanh approximation.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 OUR_ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new"}

@@ -15,15 +15,16 @@ from interop.convert.electra import ELECTRA
 from interop.convert.format import ModelFormat
 from interop.convert.layout import ConversionError
 from interop.convert.roberta import ROBERTA
+from interop.convert.xlnet import XLNET
 from models.encoder import EncoderConfig
 
 # By config.json's model_type; an ELECTRA folder is read as the discriminator.
 FORMATS: Mapping[str, ModelFormat] = {
-    f.model_type: f for f in (BERT, ROBERTA, ALBERT, ELECTRA, DEBERTA, DEBERTA_V2)
+    f.model_type: f for f in (BERT, ROBERTA, ALBERT, ELECTRA, DEBERTA, DEBERTA_V2, XLNET)
 }
 # The most specific layout first: `format_of` takes the first family that describes a config,
 # and a TF1 folder is read as the first family whose config file it has.
-_BY_LAYOUT = (DEBERTA, DEBERTA_V2, ELECTRA, ALBERT, ROBERTA, BERT)
+_BY_LAYOUT = (XLNET, DEBERTA, DEBERTA_V2, ELECTRA, ALBERT, ROBERTA, BERT)
 # Families with original TF1 checkpoints, by the config file of their folders.
 TF_FORMATS: Mapping[str, ModelFormat] = {f.tf_config_file: f for f in _BY_LAYOUT if f.tf_config_file}
 

@@ -16,6 +16,9 @@ framework:
     NSP/SOP head     kernel [H, 2]              weight [2, H]             output_weights [2, H]
     DeBERTa conv     kernel [K, H_in, H_out]    weight [H_out, H_in, K]
     DeBERTa v1 q/k/v 3 kernels [H, N, D]        in_proj.weight [3*N*D, H], rows [q_n; k_n; v_n] per head n
+    XLNet arrays     any (q/k/v/r [H, N, D])    the same
+    XLNet attn out   kernel [N, D, H]           o [H, N, D]
+    XLNet mask_emb   [H]                        [1, 1, H]
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ KERNEL = "kernel"  # DENSE without a bias (DeBERTa's embed_proj, v1's pos_proj)
 # value bias [N, D].
 FUSED_QKV = "fused_qkv"
 CONV1D = "conv1d"  # DeBERTa-v2's convolution, ours: kernel [K, H_in, H_out]; torch [H_out, H_in, K]
+ARRAY = "array"  # one array of the same shape in both, our path given in full (XLNet's parameters)
+ROLLED = "rolled"  # ours [..., H], theirs [H, ...] (XLNet's attention output kernel [N, D, H] / [H, N, D])
+UNIT_AXES = "unit_axes"  # ours [H], theirs [1, 1, H] (XLNet's mask_emb, shaped for time x batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +92,8 @@ class Param:
 
     layout: "table" (same shape), "vector" (flattened), "in_out" (2-D kernel [in, out]),
     "out_in" (2-D kernel [out, in]), "reversed" (axes in reverse order: torch's Conv1d
-    weight [H_out, H_in, K] for our [K, H_in, H_out]) or "fused_qkv" (our [H, N, D] kernel is
+    weight [H_out, H_in, K] for our [K, H_in, H_out]), "rolled" (our last axis first),
+    "unit_axes" (two leading axes of 1 before ours) or "fused_qkv" (our [H, N, D] kernel is
     part `part` (0 query, 1 key, 2 value) of DeBERTa v1's in_proj.weight [3*N*D, H], whose
     rows are [q_n; k_n; v_n] per head n); in_axes: how many leading axes of ours form `in`.
     """
@@ -105,6 +112,10 @@ class Param:
             return (math.prod(our_shape),)
         if self.layout == "reversed":
             return tuple(our_shape)[::-1]
+        if self.layout == "rolled":
+            return (our_shape[-1], *our_shape[:-1])
+        if self.layout == "unit_axes":
+            return (1, 1, *our_shape)
         if self.layout == "fused_qkv":
             hidden, heads, head_dim = our_shape
             return (3 * heads * head_dim, hidden)
@@ -114,6 +125,8 @@ class Param:
     def to_ours(self, array: np.ndarray, our_shape: tuple[int, ...]) -> np.ndarray:
         if self.layout == "reversed":
             array = np.transpose(array)
+        elif self.layout == "rolled":
+            array = np.moveaxis(array, 0, -1)
         elif self.layout == "fused_qkv":
             hidden, heads, head_dim = our_shape
             # [N, 3, D, H][:, part] = this projection's [N, D, H] -> [H, N, D]
@@ -129,6 +142,8 @@ class Param:
         shape = self.their_shape(array.shape)
         if self.layout == "reversed":
             return np.ascontiguousarray(np.transpose(array))
+        if self.layout == "rolled":
+            return np.ascontiguousarray(np.moveaxis(array, -1, 0))
         if self.layout == "fused_qkv":
             hidden, heads, head_dim = array.shape
             fused = np.zeros(shape, np.float32) if into is None else np.array(into, np.float32)
@@ -163,6 +178,8 @@ def _module_params(group: str, kind: str, ours: tuple[str, ...], name: str, fram
         return [Param(group, (*ours, "embedding"), join("weight") if hf else name, "table")]
     if kind == BIAS:
         return [Param(group, ours, name, "vector")]
+    if kind in (ARRAY, ROLLED, UNIT_AXES):
+        return [Param(group, ours, name, {ARRAY: "table", ROLLED: "rolled", UNIT_AXES: "unit_axes"}[kind])]
     if kind == NORM:
         return [
             Param(group, (*ours, "scale"), join("weight" if hf else "gamma"), "vector"),
