@@ -124,6 +124,7 @@ def _run(args) -> None:
     if args.fake_devices:
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.fake_devices}"
         os.environ["JAX_PLATFORMS"] = "cpu"
+    import gin
     import jax
 
     from bench import report
@@ -145,10 +146,12 @@ def _run(args) -> None:
     partitioner = sharding.Partitioner.create(args.mesh)
     sharding.check_batch_size(batch_size, partitioner.mesh, jax.process_count())
     optimizer, schedule = optim.adamw(total_steps=10_000, learning_rate=1e-4, warmup_steps=100)
-    # The gin files' data recipe (e.g. ELECTRA's in-step masking) at the benchmark's shape.
-    pipeline_config = dataclasses.replace(
-        PipelineConfig(), max_seq_length=seq, max_predictions_per_seq=predictions
-    )
+    # The gin files' data recipe (e.g. ELECTRA's in-step masking) at the benchmark's shape,
+    # bound before it is built, so that its checks see the benchmark's shape.
+    with gin.unlock_config():
+        gin.bind_parameter("PipelineConfig.max_seq_length", seq)
+        gin.bind_parameter("PipelineConfig.max_predictions_per_seq", predictions)
+    pipeline_config = PipelineConfig()
     rng = jax.random.key(1)
 
     def build(without=frozenset(), fused_attention=False, dropout_prng="threefry", scan_layers=False):

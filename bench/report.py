@@ -171,9 +171,14 @@ def synthetic_batch(
     mask inside the step (ELECTRA): maskable [B, L] int32 (all but the first and last
     token) and mask_id [B] int32 (BERT's [MASK], 103); for SpanBERT's span boundary objective:
     sbo_left, sbo_right [B, P] int32 (each masked position a one-token span between its
-    neighbours), sbo_offset [B, P] int32 (0) and sbo_weights [B, P] float32 (all 1).
+    neighbours), sbo_offset [B, P] int32 (0) and sbo_weights [B, P] float32 (all 1); for
+    XLNet's permutation LM: functional [B, L] int32 (<sep> at 3L/4, <sep> <cls> at the end),
+    target_positions [B, P] int32 (the masked positions), target_weights [B, P] float32 (all
+    1; the objective drops a slot on a functional token) and direction [B] int32 (+1, -1, ...).
     """
     rng = np.random.default_rng(seed)
+    functional = np.zeros((batch, seq), np.int32)
+    functional[:, [seq * 3 // 4, seq - 2, seq - 1]] = 1
     input_ids = rng.integers(min(1000, vocab // 2), vocab, (batch, seq), dtype=np.int32)
     positions = np.sort(
         np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False) for _ in range(batch)])
@@ -193,6 +198,10 @@ def synthetic_batch(
         "sbo_right": (positions + 1).astype(np.int32),
         "sbo_offset": np.zeros((batch, predictions), np.int32),
         "sbo_weights": np.ones((batch, predictions), np.float32),
+        "functional": functional,
+        "target_positions": positions.astype(np.int32),
+        "target_weights": np.ones((batch, predictions), np.float32),
+        "direction": np.where(np.arange(batch) % 2 == 0, 1, -1).astype(np.int32),
     }
 
 

@@ -9,8 +9,8 @@ TF1 checkpoints.
     python -m interop.convert import --from=hf:DISC --generator_from=hf:GEN --workdir=OUT
     python -m interop.convert export --workdir=W --to=hf:DISC --generator_to=hf:GEN
 
-Families: HF model_type bert, roberta, albert, electra, deberta and deberta-v2 (DeBERTa-v2
-and v3); TF1 checkpoints of google-research/bert and google-research/albert. An imported
+Families: HF model_type bert, roberta, albert, electra, deberta, deberta-v2 (DeBERTa-v2
+and v3) and xlnet; TF1 checkpoints of google-research/bert and google-research/albert. An imported
 workdir is what fine-tuning (`finetune.glue --init_from`), `interop.encode` and
 `interop.predict` read as it is.
 """
