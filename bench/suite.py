@@ -101,7 +101,8 @@ MEMBERS = (
         32,
         512,
     ),
-    # Both streams, 384 memory positions and 85 targets per row (the recipe's).
+    # Both streams and the recipe's 384 memory positions; 80 targets per row (bench.pretrain's
+    # P at 512, where the recipe has 85).
     Member("xlnet_base_512", ("configs/models/xlnet_base.gin", "configs/recipes/xlnet.gin"), 32, 512),
 )
 # --tiny: every member's structure (objective, embeddings, attention kind) at a size a CPU

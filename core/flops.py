@@ -194,9 +194,20 @@ def xlnet_pretraining(
     h, f, s, p = hidden, intermediate, seq, predictions
     k = memory + s
     r = k + s
-    content = 2 * s * (2 * h * h + 2 * h * f) + 2 * 2 * k * h * h + 2 * r * h * h + 2 * s * h * (2 * k + r)
     query = 2 * p * (2 * h * h + 2 * h * f) + 2 * p * h * (2 * k + r)
-    return training(float(layers * (content + query) + 2 * p * h * vocab))
+    content = xlnet_content_stream(hidden=h, layers=layers, intermediate=f, seq=s, memory=memory)
+    return training(content + layers * query + 2 * p * h * vocab)
+
+
+def xlnet_content_stream(*, hidden: int, layers: int, intermediate: int, seq: int, memory: int) -> float:
+    """Forward FLOPs per row of XLNet's content stream over s tokens and `memory` memory
+    positions (`xlnet_pretraining`'s content part; with memory 0, XLNet's encoder as a
+    masked LM's or a fine-tuned model's)."""
+    h, f, s = hidden, intermediate, seq
+    k = memory + s
+    r = k + s
+    per_layer = 2 * s * (2 * h * h + 2 * h * f) + 2 * 2 * k * h * h + 2 * r * h * h + 2 * s * h * (2 * k + r)
+    return float(layers * per_layer)
 
 
 # --- the ELECTRA paper's count (google-research/electra flops_computation.py) ---------------

@@ -107,7 +107,8 @@ def layer_depth(path: tuple[str, ...], num_layers: int) -> int:
     has no pooler; BERT's `encoder/pooler` reads the top layer and feeds the head, so it
     takes num_layers + 1, the one depth ELECTRA leaves unused. DeBERTa's relative position
     table and its LayerNorm (`encoder/rel_*`) are position embeddings that every layer reads:
-    depth 0 with the embeddings; its v2 convolution (`encoder/conv`) belongs to layer 0's
+    depth 0 with the embeddings, as is XLNet's word table (`encoder/word_embeddings`); its v2
+    convolution (`encoder/conv`) belongs to layer 0's
     output: depth 1.
 
     Cross-layer shared parameters (ALBERT's `encoder/shared_*`) serve every depth at once:
@@ -116,7 +117,7 @@ def layer_depth(path: tuple[str, ...], num_layers: int) -> int:
     if path[0] != "encoder":
         return num_layers + 2
     block, name = path[1], "/".join(path)
-    if block in ("embeddings", "embedding_projection", "rel_embeddings", "rel_layer_norm"):
+    if block in ("embeddings", "embedding_projection", "rel_embeddings", "rel_layer_norm", "word_embeddings"):
         return 0
     if block == "conv":
         return 1

@@ -466,6 +466,12 @@ def _xlnet_batches(
     window of each row; the streams are interleaved one window each, in row order, and
     batched. All scan states are saved with the iterator (exact resume). The rows are
     seeded by (seed, host, stream, window), so no two rows of a run draw alike.
+
+    The cost to watch at scale: each stream reads every record of the host's files and keeps
+    its own (records are parsed only by their stream), so a pass is read R times, with R
+    times the open file readers; at the paper's 64 rows per host (8192 rows on 128 hosts)
+    that is cheap next to the step, on a few hosts with many rows each it may not be (a
+    single reader that routes documents to the streams would remove it).
     """
     if vocab.eod_id is None:
         raise ConfigError(

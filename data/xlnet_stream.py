@@ -14,16 +14,18 @@ boundary, and B is, with probability 1/2 (or when A's text has no sentence bound
 span taken from anywhere else in the stream ("not the continuation", label 0), else A's own
 continuation (label 1), both trimmed from their right ends, the longer first, to
 |A| + |B| = L - reuse_len - 3. The next step's row r starts at i + reuse_len: its reused
-part is the text the memory of row r saw last. With bi_data, half the streams are read
-backwards.
+part is the text right after the reused part that row r's memory now holds (where A
+began). With bi_data, half the streams are read backwards.
 
-Streaming, we do the same with two deviations, both forced by not holding the whole data:
+Streaming, we do the same with three deviations, all forced by not holding the whole data:
 - each of a host's R rows is its own stream of documents (document k of pass e goes to
   stream (k - e) mod R) instead of 1/R of one concatenation: the same continuity, another
   grouping of documents;
 - a "not the continuation" B is drawn from the stream's next tokens after the row (a
   lookahead window of `_LOOKAHEAD` times the length of A + B), not from anywhere in it, so
-  it is often later text of the same document rather than of another;
+  it is often later text of the same document rather than of another (and it never starts
+  before the lookahead, where the original's may start anywhere, the row's own text
+  included);
 - a backward stream reads each of its documents backwards (in the forward order of
   documents) instead of the whole stream from its end.
 The row's targets: `data/plm_targets.py` (the budget split 43/42 between the reused part
@@ -72,8 +74,8 @@ def window_chunks(config: PipelineConfig) -> int:
 
 
 def window_initial_state(config: PipelineConfig) -> dict[str, tf.Tensor]:
-    """The window scan's state: the last k chunks (`window_chunks`), how many have come, and
-    the index of the next window in the stream."""
+    """The window scan's state: the last k chunks (`window_chunks`) and how many chunks have
+    come (the window's index in the stream follows from it)."""
     shape = [window_chunks(config), config.reuse_len]
     return {
         "ids": tf.zeros(shape, tf.int32),
@@ -126,9 +128,9 @@ def split_a_and_b(
 
     A ends at one of the sentence boundaries less than `total` tokens in (a cut point), or,
     with none, at the first boundary at least `total` in (end_idx); B is then, with
-    probability 1/2 or when there is no cut point, a span of max(1, total - |A|) tokens
-    widened to whole sentences from the lookahead after the row's text, else A's own text
-    from the cut to end_idx.
+    probability 1/2 or when there is no cut point, a span of max(1, total - |A|) tokens drawn
+    from the lookahead after the row's text and widened to whole sentences (on the left only
+    as far as the lookahead's start), else A's own text from the cut to end_idx.
     """
     start = window["sentence_start"]
     size = tf.size(start)
@@ -143,10 +145,14 @@ def split_a_and_b(
         tf.concat([cuts, [end_idx]], 0), _randint(seeds[0], 0, tf.maximum(tf.size(cuts) - 1, 0))
     )
     random_b = (tf.size(cuts) == 0) | (tf.random.stateless_uniform([], seeds[1]) < 0.5)
-    # Not the continuation: from the lookahead, widened left and right to sentence edges.
+    # Not the continuation: from the lookahead, widened left and right to sentence edges, but
+    # not back into the row's own text (A, cut to `total` tokens at most, ends before
+    # `lookahead`): from a window, widening could reach A's sentence and repeat it as B.
     b_len = tf.maximum(1, total - (a_end - begin))
-    drawn = _randint(seeds[2], begin + total, size - 1 - b_len)
+    lookahead = begin + total
+    drawn = _randint(seeds[2], lookahead, size - 1 - b_len)
     far_begin = size - 1 - _first(tf.reverse(start & (positions <= drawn), [0]), size - 1)
+    far_begin = tf.maximum(far_begin, lookahead)
     far_end = tf.minimum(_first(start & (positions >= drawn + b_len), size - 1), size - 1)
     b_begin = tf.where(random_b, far_begin, a_end)
     b_end = tf.where(random_b, far_end, end_idx)

@@ -159,9 +159,7 @@ def _finetune_task(
     train = features(data.train)
     dev = {stem: features(rows) for stem, rows in data.dev.items()}
     test = {stem: features(rows) for stem, rows in test_sets.rows.items()}
-    config = dataclasses.replace(
-        setting.pretrained.config, dropout_rate=grid.dropout_rate, attention_dropout_rate=grid.dropout_rate
-    )
+    config = setting.pretrained.config.with_dropout(grid.dropout_rate)
     steps = trainer.TaskSteps(
         config, task, grid.optimizer, grid.max_seq_length, setting.partitioner, grid.classifier_dropout_rate
     )

@@ -290,6 +290,13 @@ class EncoderConfig:
         """Rows of the word table and the MLM output bias (>= vocab_size)."""
         return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
 
+    def with_dropout(self, rate: float) -> EncoderConfig:
+        """This config with one dropout rate everywhere (fine-tuning's): hidden, attention and
+        XLNet's after the FFN activation (which then follows the hidden rate, as the original's
+        run_classifier.py has it, whatever its pretraining recipe set)."""
+        xlnet = None if self.xlnet is None else dataclasses.replace(self.xlnet, activation_dropout=None)
+        return dataclasses.replace(self, dropout_rate=rate, attention_dropout_rate=rate, xlnet=xlnet)
+
     @property
     def embedding_width(self) -> int:
         """E: the width of the embedding tables and of the tied MLM decoder."""

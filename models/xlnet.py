@@ -497,8 +497,9 @@ class FillMaskModel(nn.Module):
 
 def masked_lm(config: EncoderConfig, params: Any) -> tuple[nn.Module, dict[str, Any]] | None:
     """models/trees.py `masked_lm` for XLNet's trees: (FillMaskModel, {encoder, plm_head});
-    None for another family's config."""
-    if config.xlnet is None:
+    None for another family's config, and for an XLNet encoder trained with BERT's MLM head
+    (`XLNetMLM`), which BERT's masked LM reads."""
+    if config.xlnet is None or "mlm_head" in params:
         return None
     if "plm_head" not in params:
         raise NoMaskedLMError(

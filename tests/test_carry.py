@@ -19,7 +19,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from core import axes, checkpointing, optim, sharding
+from core import axes, checkpointing, metrics_log, optim, sharding
 from core.state import TrainState, params_sha256
 from data.pipeline_config import PipelineConfig
 from pretrain import step
@@ -235,3 +235,21 @@ def test_resume_with_carried_state(checkpoint_carry, synthetic_shards, tmp_path)
     else:
         assert carry is None and _carry_of(tmp_path, 5) is None
         assert resumed["params_sha256"] != full["params_sha256"]
+
+
+@pytest.mark.slow(20)
+def test_the_second_phase_starts_its_carry_from_zeros(synthetic_shards, tmp_path):
+    """A two-phase run: the first step of phase 2 reads zero memories (its rows belong to a
+    new stream), the steps around it the memories their stream built."""
+    tiny.run(
+        tmp_path,
+        synthetic_shards,
+        steps=4,
+        objective=RowMemoryMLM,
+        phase2_start=2,
+        phase2_pipeline_config=tiny.DATA,
+        log_every=1,
+    )
+    memory_term = {r["step"]: r["memory_term"] for r in metrics_log.read(str(tmp_path), "train")}
+    assert memory_term[3] == 0.0
+    assert memory_term[2] != 0.0 and memory_term[4] != 0.0

@@ -20,11 +20,12 @@ from core import optim, sharding
 from core.errors import ConfigError
 from core.state import count_params
 from data.pipeline_config import PipelineConfig
-from models import backbone, xlnet
+from models import backbone, trees, xlnet
 from models.classifier import ClassifierModel
 from models.encoder import EncoderConfig
+from models.pretraining import BertPretrainingModel
 from models.xlnet_options import XLNetOptions
-from pretrain.objectives import PermutationLM, permutation_lm
+from pretrain.objectives import MaskedLM, PermutationLM, XLNetMLM, permutation_lm
 from tests import jitted, mesh_training
 
 V, H, LAYERS, HEADS, FF = 96, 32, 2, 4, 64
@@ -425,7 +426,14 @@ def test_parameter_counts_are_transformers(layers, hidden, heads, published):
 
 def test_the_dropout_after_the_ffn_activation_has_its_own_rate():
     """XLNetOptions.activation_dropout: None takes the hidden rate (the original code, and
-    transformers); the paper's table sets it apart (0 in its pretraining)."""
+    transformers); the paper's table sets it apart (0 in its pretraining), and fine-tuning's
+    one rate (`with_dropout`) makes it follow the hidden rate again."""
+    tuned = dataclasses.replace(_config(), xlnet=XLNetOptions(activation_dropout=0.0)).with_dropout(0.1)
+    assert (tuned.dropout_rate, tuned.attention_dropout_rate, tuned.xlnet.activation_dropout) == (
+        0.1,
+        0.1,
+        None,
+    )
     x = jax.random.normal(jax.random.key(0), (2, 4, H))
 
     def ffn(activation_dropout):
@@ -437,3 +445,24 @@ def test_the_dropout_after_the_ffn_activation_has_its_own_rate():
 
     np.testing.assert_array_equal(ffn(None), ffn(0.5))
     assert not np.allclose(ffn(0.0), ffn(0.5))
+
+
+def test_mlm_on_xlnets_encoder_counts_its_relative_terms():
+    """XLNetMLM (the paper's "DAE + Transformer-XL"): BERT's MLM head on XLNet's content
+    stream; its FLOPs are BERT's MLM count plus the relative projection and scores, and a
+    BERT config is refused in one line."""
+    config = dataclasses.replace(_config(), classifier_head="xlnet")
+    pipeline = PipelineConfig(max_seq_length=L, max_predictions_per_seq=P, sentence_objective="none")
+    objective = XLNetMLM(config, pipeline)
+    batch = objective.example_batch(B, L, P)
+    params = objective.init(jax.random.key(0))
+    assert set(params) == {"encoder", "mlm_head"} and "word_embeddings" in params["encoder"]
+    loss, _ = objective.loss(params, batch, {}, objective.normalizers(batch), train=False)
+    assert np.isfinite(float(loss))
+    bert = MaskedLM(config, pipeline).flops_per_row(128, 20)
+    assert objective.flops_per_row(128, 20) > bert
+    # Fill-mask reads its MLM head (BERT's masked LM), fine-tuning's layer-wise decay its table.
+    assert isinstance(trees.masked_lm(config, params)[0], BertPretrainingModel)
+    assert optim.layer_depth(("encoder", "word_embeddings"), LAYERS) == 0
+    with pytest.raises(ConfigError, match="XLNetMLM trains XLNet's encoder"):
+        XLNetMLM(mesh_training.SHARDABLE, pipeline)

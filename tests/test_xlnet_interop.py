@@ -2,8 +2,8 @@
 XLNetLMHeadModel, export loads back into transformers with the same outputs and reimports
 bit-identical; an XLNetModel folder gives the encoder; the fine-tuning model equals
 `XLNetForSequenceClassification` on left-padded pairs; a workdir's tokenizer exports to
-what transformers' AutoTokenizer reads with our ids; fill-mask through the query stream
-equals transformers' with the masks hidden."""
+what transformers' AutoTokenizer reads with our ids; feature extraction (left padded) and
+fill-mask through the query stream equal transformers'."""
 
 import json
 import os
@@ -17,6 +17,7 @@ from flax import traverse_util
 
 from data import tokenizers
 from interop import bundle, convert, predict
+from interop import encode as encode_lib
 from interop.convert import cli as convert_cli
 from interop.convert.layout import ConversionError
 from models.classifier import ClassifierModel
@@ -75,6 +76,9 @@ def test_an_xlnet_model_folder_gives_the_encoder(tmp_path, caplog):
     _, config, params, groups = convert.read_hf_model(str(tmp_path))
     assert groups == [] and set(params) == {"encoder"}
     assert "no LM head (lm_loss.bias): its query-stream start mask_emb is left out" in caplog.text
+    hf = model.config.to_dict()
+    assert convert.hf_config_to_ours({**hf, "mem_len": 0, "reuse_len": 0}, "hf:X")[1].xlnet.mem_len == 0
+    assert convert.hf_config_to_ours({**hf, "mem_len": None}, "hf:X")[1].xlnet.mem_len == 384
     with pytest.raises(ConversionError, match="config.json untie_r=False is not supported"):
         convert.hf_config_to_ours({**model.config.to_dict(), "untie_r": False}, "hf:X")
     with pytest.raises(ConversionError, match="config.json attn_type='uni' is not supported"):
@@ -159,9 +163,23 @@ def test_a_workdir_round_trips_through_a_transformers_folder_with_its_tokenizer(
         b = model.transformer(input_ids=ids).last_hidden_state.numpy()
     np.testing.assert_allclose(a, b, atol=TOLERANCE, rtol=TOLERANCE)
 
+    # Feature extraction: rows padded on the left, the hidden states of transformers' model at
+    # the real tokens.
+    pretrained = bundle.load_pretrained(str(tmp_path / "work"))
+    lines = [text, "Short one.\tA pair, with its second text."]
+    features = encode_lib.encode(pretrained, encode_lib.build_inputs(tokenizer, lines, 64), batch_size=2)
+    assert "pooled_output" not in features and (features["attention_mask"][:, -1] == 1).all()
+    with torch.no_grad():
+        hf = model.transformer(
+            input_ids=torch.tensor(features["input_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(features["attention_mask"], dtype=torch.float32),
+            token_type_ids=torch.tensor(features["token_type_ids"], dtype=torch.long),
+        ).last_hidden_state.numpy()
+    real = features["attention_mask"] == 1
+    np.testing.assert_allclose(features["last_hidden_state"][real], hf[real], atol=TOLERANCE, rtol=TOLERANCE)
+
     # Fill-mask through the query stream: each <mask> predicted from every other token and no
     # other mask, as XLNetLMHeadModel with a perm_mask hiding the masks from every position.
-    pretrained = bundle.load_pretrained(str(tmp_path / "work"))
     text = "Sentences <mask> Python's <mask>, 3,000 of them."
     [masks] = predict.fill_mask(pretrained, [text], top_k=3)
     ids = predict.masked_inputs(tokenizer, text, 64)

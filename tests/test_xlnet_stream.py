@@ -121,6 +121,8 @@ def test_a_and_b_as_the_originals_split_draws_them(xlnet_shards):
         out = {k: int(v) for k, v in split(window, tf.constant([index, 1], tf.int64)).items()}
         assert (out["a_end"] - out["a_begin"]) + (out["b_end"] - out["b_begin"]) == TOTAL
         assert out["a_begin"] == REUSE and out["a_end"] > REUSE and out["b_end"] > out["b_begin"]
+        if not out["continuation"]:  # from the lookahead, never the row's own text
+            assert out["b_begin"] >= REUSE + TOTAL
         start = window["sentence_start"].numpy()
         if not start[REUSE + 1 : REUSE + TOTAL].any():  # no cut point: B never continues A
             assert not out["continuation"]

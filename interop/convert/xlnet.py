@@ -80,15 +80,16 @@ class XLNetFormat(ModelFormat):
             )
         try:
             d_model, n_head = hf["d_model"], hf["n_head"]
-            if hf.get("d_head", d_model // n_head) * n_head != d_model:
+            d_head = hf.get("d_head", d_model / n_head)
+            if d_head * n_head != d_model:
                 raise ConversionError(
-                    f"{where}: config.json d_head={hf['d_head']} x n_head={n_head} is not d_model={d_model}: "
+                    f"{where}: config.json d_head={d_head} x n_head={n_head} is not d_model={d_model}: "
                     "our heads split the model width"
                 )
             defaults = XLNetOptions()
             options = XLNetOptions(
-                mem_len=hf.get("mem_len") or defaults.mem_len,
-                reuse_len=hf.get("reuse_len") or defaults.reuse_len,
+                mem_len=defaults.mem_len if hf.get("mem_len") is None else hf["mem_len"],
+                reuse_len=defaults.reuse_len if hf.get("reuse_len") is None else hf["reuse_len"],
                 clamp_len=hf.get("clamp_len", -1),
             )
             return EncoderConfig(

@@ -4,9 +4,9 @@
 objective from: a recipe chooses it with `make_objective.objective = @MaskedLM` (the
 default), `@ElectraRTD` (configs/recipes/electra.gin), `@SpanBoundary`
 (configs/recipes/spanbert.gin), `@DebertaMLM` (configs/recipes/deberta.gin), `@DebertaRTD`
-(configs/recipes/deberta_v3.gin) or `@PermutationLM` (XLNet; its data stream and recipe are
-still to come). Importing the package registers
-every objective with gin.
+(configs/recipes/deberta_v3.gin), `@PermutationLM` (configs/recipes/xlnet.gin) or
+`@XLNetMLM` (MLM on XLNet's encoder: configs/ablations/xlnet). Importing the package
+registers every objective with gin.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pretrain.objectives.electra import ElectraRTD
 from pretrain.objectives.masked_lm import MaskedLM
 from pretrain.objectives.permutation_lm import PermutationLM
 from pretrain.objectives.span_boundary import SpanBoundary
+from pretrain.objectives.xlnet_mlm import XLNetMLM
 
 __all__ = [
     "DebertaMLM",
@@ -32,6 +33,7 @@ __all__ = [
     "Objective",
     "PermutationLM",
     "SpanBoundary",
+    "XLNetMLM",
     "make_objective",
 ]
 
