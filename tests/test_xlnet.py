@@ -26,6 +26,7 @@ from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
 from models.xlnet_options import XLNetOptions
 from pretrain.objectives import MaskedLM, PermutationLM, XLNetMLM, permutation_lm
+from pretrain.objectives.permutation import draw_ranks, visibility
 from tests import jitted, mesh_training
 
 V, H, LAYERS, HEADS, FF = 96, 32, 2, 4, 64
@@ -110,8 +111,9 @@ def _our_params(model):
 
 
 def _inputs(seed=0):
-    """Rows of 8 and 10 real tokens with segments 0/1/2, a permutation mask from random
-    orders (a target never sees itself or later tokens), 3 target slots of which row 0's last
+    """Rows of 8 and 10 real tokens with segments 0/1/2, the permutation mask of our own
+    factorization orders (pretrain/objectives/permutation.py: a target never sees itself or
+    later tokens, the reused part nothing of the rest), 3 target slots of which row 0's last
     is padding, and random memories."""
     rs = np.random.RandomState(seed)
     real = np.array([L, 8, L, 9])
@@ -120,11 +122,17 @@ def _inputs(seed=0):
     segment_ids = np.broadcast_to(np.where(np.arange(L) < 5, 0, 1), (B, L)).astype(np.int32)
     segment_ids[np.arange(B), real - 1] = 2
     segment_ids *= input_mask
-    rank = np.stack([rs.permutation(L) for _ in range(B)])
-    visible = rank[:, None, :] < rank[:, :, None]  # [B, i, j]: j comes before i
     target_positions = np.stack([np.sort(rs.choice(r, P, replace=False)) for r in real]).astype(np.int32)
     target_weights = np.ones((B, P), np.float32)
     target_weights[0, -1] = 0.0
+    is_target = np.zeros((B, L), bool)
+    for b in range(B):
+        is_target[b, target_positions[b][target_weights[b] > 0]] = True
+    ranks = draw_ranks(jax.random.key(seed), jnp.arange(B, dtype=jnp.int32), L, REUSE)
+    functional = segment_ids == 2  # the <cls> of each row
+    visible = np.asarray(
+        visibility(ranks, jnp.asarray(is_target & ~functional), jnp.asarray(functional), REUSE)
+    )
     memory = rs.randn(B, LAYERS, MEM, H).astype(np.float32)
     labels = np.take_along_axis(input_ids, target_positions, axis=1)
     return dict(
@@ -191,12 +199,16 @@ def _ours(config, params, x, direction, with_memory=True):
 @pytest.mark.extended(keep=["forward"])
 @pytest.mark.parametrize(
     "bi_data, clamp_len, with_memory",
-    [(False, -1, True), (True, 5, True), (True, -1, False)],
-    ids=["forward", "bi_data_clamped", "no_memory"],
+    [(False, -1, True), (True, 5, True), (True, -1, False), (False, -1, "zeros")],
+    ids=["forward", "bi_data_clamped", "no_memory", "zero_memory"],
 )
 def test_matches_transformers(bi_data, clamp_len, with_memory):
+    """with_memory: random memories, none (theirs: length 0), or explicit zeros (attended, as
+    the original's training starts)."""
     model = _hf_model(bi_data, clamp_len)
     x = _inputs()
+    if with_memory == "zeros":
+        x["memory"] = np.zeros_like(x["memory"])
     direction = [1, 1, -1, -1] if bi_data else [1] * B
     config = _config(clamp_len)
     logits, loss, memory = _ours(config, _our_params(model), x, direction, with_memory)
