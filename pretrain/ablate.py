@@ -5,7 +5,8 @@ r"""Runs every arm of an ablation grid with the same data, seed and token budget
 
 A grid is a folder of gin files, one per arm, each holding only what the arm changes
 (e.g. `PipelineConfig.sentence_objective = 'sop'`). Every arm trains with `pretrain.train` in its
-own process on `--gin_file` (the shared base run, default the demo run) + the arm file +
+own process on `--gin_file` (the shared base run; default the grid's base.txt, a gin file its
+arms are written for, e.g. XLNet's, else the demo run) + the arm file +
 `run.data_dir`, `EncoderConfig.vocab_size` (from the shards' manifest) and `run.steps`,
 with the base run's seeds, into DIR/<arm>. An arm
 whose summary.json shows it finished is skipped, and an interrupted one resumes, so
@@ -256,12 +257,25 @@ def grid_budget(grid: str, flag: str | None) -> str:
     return value
 
 
+def grid_base(grid: str) -> list[str] | None:
+    """The base run the grid's arms are written for: its base.txt (one gin file), else None
+    (any base run: the tool's default, the demo run)."""
+    path = os.path.join(grid, "base.txt")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        base = f.read().strip()
+    if not os.path.exists(os.path.join(ROOT, base)) and not os.path.exists(base):
+        raise AblationError(f"{path} names {base!r}, which does not exist: write a gin file's path")
+    return [base]
+
+
 def _run(args) -> None:
     from data import shards
 
     cli.setup_logging()
     arms = grid_arms(args.grid)
-    base = cli.gin_files(args)
+    base = args.gin_file if args.gin_file is not None else grid_base(args.grid) or cli.gin_files(args)
     vocab_size = shards.load_manifest(args.data_dir).vocab_size
     shared = [f"run.data_dir='{args.data_dir}'", f"EncoderConfig.vocab_size={vocab_size}", *args.gin_bindings]
     budget = grid_budget(args.grid, args.budget)

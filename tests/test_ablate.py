@@ -177,3 +177,23 @@ def test_attention_dropout_arms_differ_in_attention_dropout_only(monkeypatch):
         assert (arms["bert"].attention_dropout_rate, arms["none"].attention_dropout_rate) == (0.1, 0.0)
         assert dataclasses.replace(arms["bert"], attention_dropout_rate=0.0) == arms["none"]
         assert arms["bert"].attention_implementation == "auto"
+
+
+@pytest.mark.slow  # builds three arms' objectives to count their FLOPs
+def test_a_grid_names_the_base_run_its_arms_are_written_for(tmp_path):
+    """configs/ablations/xlnet's arms (PermutationLM, XLNetMLM) need XLNet's base run: its
+    base.txt is the default --gin_file; a grid without one takes the demo run; a base.txt
+    naming no file is one line."""
+    assert ablate.grid_base(os.path.join(ROOT, "configs", "ablations", "xlnet")) == [
+        "configs/runs/demo_xlnet.gin"
+    ]
+    assert ablate.grid_base(os.path.join(ROOT, "configs", "ablations", "masking")) is None
+    (tmp_path / "base.txt").write_text("configs/runs/nothing.gin\n")
+    with pytest.raises(ablate.AblationError, match="names 'configs/runs/nothing.gin', which does not exist"):
+        ablate.grid_base(str(tmp_path))
+    budgets = {
+        name: ablate.arm_budget(["configs/runs/demo_xlnet.gin", f"configs/ablations/xlnet/{name}.gin"], [])
+        for name in ("plm", "plm_no_memory", "mlm")
+    }
+    steps = ablate.equalize(budgets, "flops", 800)
+    assert steps["plm"] == 800 and steps["plm"] < steps["plm_no_memory"] < steps["mlm"]

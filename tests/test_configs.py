@@ -13,7 +13,7 @@ from core.state import count_params
 from data.pipeline_config import PipelineConfig
 from finetune import sweep, tasks  # registers Grid (configs/glue)
 from models.encoder import EncoderConfig
-from pretrain import trainer
+from pretrain import ablate, trainer
 from pretrain.objectives import make_objective
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,9 +45,12 @@ def test_there_are_configs():
 
 
 def _recipe_of(path: str) -> list[str]:
-    """A model size file's family recipe, which it is launched with (configs/models/xlnet_base.gin
-    -> configs/recipes/xlnet.gin); nothing for any other file."""
+    """What a file is launched on top of: a model size file's family recipe (configs/models/
+    xlnet_base.gin -> configs/recipes/xlnet.gin), an ablation arm's base run when its grid
+    names one (base.txt); nothing for any other file."""
     parts = path.split(os.sep)
+    if parts[1] == "ablations":
+        return ablate.grid_base(os.path.join(ROOT, *parts[:3])) or []
     if parts[1] != "models":
         return []
     recipe = os.path.join("configs", "recipes", parts[2].split("_")[0] + ".gin")
@@ -60,7 +63,9 @@ def _recipe_of(path: str) -> list[str]:
 @pytest.mark.extended(keep=[p for p in GIN_FILES if p.split(os.sep)[1] in ("recipes", "runs", "glue")])
 @pytest.mark.parametrize("path", GIN_FILES)
 def test_gin_file_parses_and_builds(path):
-    gin.parse_config_files_and_bindings([path, *_recipe_of(path)], [])
+    base = _recipe_of(path)
+    files = [*base, path] if path.split(os.sep)[1] == "ablations" else [path, *base]
+    gin.parse_config_files_and_bindings(files, [])
     config = EncoderConfig()
     pipeline_config = PipelineConfig()
     assert pipeline_config.max_predictions_per_seq <= pipeline_config.max_seq_length
