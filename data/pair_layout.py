@@ -65,16 +65,11 @@ class PairLayout:
         self, a: Sequence[int], b: Sequence[int] | None, *, cls_id: int, sep_id: int
     ) -> tuple[list[int], list[int]]:
         """(input ids, segment ids) of one row as Python lists; b None = a single text."""
-        ids = [*a]
-        segments = [0] * len(ids)
-        if b is not None:
-            ids += [sep_id] * self.separators
-            segments += [0] * self.separators
-            ids += [*b, sep_id]
-            segments += [self.b_segment] * (len(b) + 1)
-        else:
-            ids.append(sep_id)
-            segments.append(0)
+        if b is None:
+            ids = [*a, sep_id, cls_id] if self.cls_last else [cls_id, *a, sep_id]
+            return ids, self.single_segments(len(ids))
+        ids = [*a, *[sep_id] * self.separators, *b, sep_id]
+        segments = [0] * (len(a) + self.separators) + [self.b_segment] * (len(b) + 1)
         if self.cls_last:
             return [*ids, cls_id], [*segments, self.cls_segment]
         return [cls_id, *ids], [self.cls_segment, *segments]

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from flax import traverse_util
 
 from data import tokenizers
 from interop import bundle, convert, predict
@@ -22,16 +21,10 @@ from interop.convert import cli as convert_cli
 from interop.convert.layout import ConversionError
 from models.classifier import ClassifierModel
 from tests import test_xlnet as reference
+from tests.test_deberta_interop import _assert_same_params
 from tests.test_xlnet_tokenizer import _topic_documents
 
 TOLERANCE = 1e-5
-
-
-def _assert_same_params(a, b) -> None:
-    a, b = traverse_util.flatten_dict(a), traverse_util.flatten_dict(b)
-    assert sorted(a) == sorted(b)
-    for key in a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg="/".join(key))
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import random
 import shutil
 
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 import tensorflow as tf
 
@@ -19,6 +18,7 @@ from models.encoder import EncoderConfig
 from models.xlnet_options import XLNetOptions
 from pretrain.objectives.permutation_lm import PermutationLM
 from tests import tiny, xlnet_reference
+from tests.test_carry import _carry_of
 
 # Each test here reads hundreds of batches or trains: over the suite's 1.5 s rule.
 pytestmark = pytest.mark.slow
@@ -246,15 +246,10 @@ def test_pretraining_resumes_to_the_uninterrupted_run_memories_included(xlnet_sh
     )
     full = tiny.run(tmp_path, xlnet_shards, steps=4, **settings)
     assert 0 < full["eval"]["plm_accuracy"] < 1 and np.isfinite(full["eval"]["plm_loss"])
-    memory = _memory(tmp_path)
+    memory = _carry_of(tmp_path, 4)["memory"]
     assert np.abs(memory).max() > 0
     shutil.rmtree(tmp_path / "checkpoints" / "4")  # what a preemption after step 3 leaves
     resumed = tiny.run(tmp_path, xlnet_shards, steps=4, **settings)
     assert resumed["resumed_from"] == 2
     assert resumed["params_sha256"] == full["params_sha256"] and resumed["eval"] == full["eval"]
-    np.testing.assert_array_equal(_memory(tmp_path), memory)
-
-
-def _memory(workdir):
-    saved = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / "4" / "state"))
-    return np.asarray(saved["carry"]["memory"], np.float32)
+    np.testing.assert_array_equal(_carry_of(tmp_path, 4)["memory"], memory)

@@ -176,18 +176,23 @@ class ModelFormat:
 
     def config_from_hf(self, hf: Mapping[str, Any], where: str) -> EncoderConfig:
         """EncoderConfig of an HF config.json of this family."""
-        for key, (wanted, why) in self.hf_refusals(hf).items():
-            if key in hf and hf[key] != wanted:
-                raise ConversionError(f"{where}: config.json {key}={hf[key]!r} is not supported: {why}")
-        act = hf.get("hidden_act", "gelu")
-        if act not in HF_ACTIVATIONS:
-            raise ConversionError(
-                f"{where}: config.json hidden_act={act!r} is not supported: "
-                f"use one of {sorted(HF_ACTIVATIONS)}"
-            )
+        act = self.checked_activation(hf, "hidden_act", where)
         hf = {**self.hf_defaults, **hf}
         extra = {"layer_norm_eps": hf.get("layer_norm_eps", 1e-12), **self.hf_options(hf, where)}
-        return encoder_config(hf, HF_ACTIVATIONS[act], where, "config.json", **extra)
+        return encoder_config(hf, act, where, "config.json", **extra)
+
+    def checked_activation(self, hf: Mapping[str, Any], key: str, where: str) -> str:
+        """Refuses config.json values we cannot reproduce (`hf_refusals`); returns our name of
+        its activation (under `key`, "gelu" when absent)."""
+        for name, (wanted, why) in self.hf_refusals(hf).items():
+            if name in hf and hf[name] != wanted:
+                raise ConversionError(f"{where}: config.json {name}={hf[name]!r} is not supported: {why}")
+        act = hf.get(key, "gelu")
+        if act not in HF_ACTIVATIONS:
+            raise ConversionError(
+                f"{where}: config.json {key}={act!r} is not supported: use one of {sorted(HF_ACTIVATIONS)}"
+            )
+        return HF_ACTIVATIONS[act]
 
     # --- TF1 config -> EncoderConfig -----------------------------------------------------
 
@@ -388,7 +393,12 @@ class ModelFormat:
         tensors: dict[str, np.ndarray] = {}
         for p in (p for p in spec if p.ours in flat):  # DeBERTa v1's in_proj: three parts, one tensor
             tensors[p.theirs] = p.to_theirs(np.asarray(flat[p.ours]), tensors.get(p.theirs))
-        hf_config = {
+        return self.hf_config(config, groups, pad_id), self.hf_tensor_names(tensors, config)
+
+    def hf_config(self, config: EncoderConfig, groups: set[str], pad_id: int) -> dict[str, Any]:
+        """config.json of an export with these optional groups: BERT's keys and the family's
+        own (`hf_config_keys`); a family with keys of its own naming (XLNet) overrides it."""
+        return {
             "architectures": [self.hf_architecture(groups)],
             "model_type": self.model_type,
             "vocab_size": config.vocab_size,
@@ -407,7 +417,6 @@ class ModelFormat:
             "tie_word_embeddings": True,
             **self.hf_config_keys(config, groups),
         }
-        return hf_config, self.hf_tensor_names(tensors, config)
 
 
 def warn_ignored(where: str, what: str, names: Iterable[str]) -> None:

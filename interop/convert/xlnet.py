@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from data import tokenizers
-from interop.convert.format import HF_ACTIVATIONS, OUR_ACTIVATIONS_TO_HF, ModelFormat, tree_shapes
+from interop.convert.format import OUR_ACTIVATIONS_TO_HF, ModelFormat, tree_shapes
 from interop.convert.layout import ARRAY, BIAS, DENSE, NORM, ROLLED, UNIT_AXES, ConversionError, Module, rows
 from models import xlnet
 from models.encoder import EncoderConfig
@@ -68,16 +68,11 @@ class XLNetFormat(ModelFormat):
     def describes(self, config: EncoderConfig) -> bool:
         return config.xlnet is not None
 
+    def hf_refusals(self, hf: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+        return _REFUSED
+
     def config_from_hf(self, hf: Mapping[str, Any], where: str) -> EncoderConfig:
-        for key, (wanted, why) in _REFUSED.items():
-            if key in hf and hf[key] != wanted:
-                raise ConversionError(f"{where}: config.json {key}={hf[key]!r} is not supported: {why}")
-        act = hf.get("ff_activation", "gelu")
-        if act not in HF_ACTIVATIONS:
-            raise ConversionError(
-                f"{where}: config.json ff_activation={act!r} is not supported: "
-                f"use one of {sorted(HF_ACTIVATIONS)}"
-            )
+        act = self.checked_activation(hf, "ff_activation", where)
         try:
             d_model, n_head = hf["d_model"], hf["n_head"]
             d_head = hf.get("d_head", d_model / n_head)
@@ -101,7 +96,7 @@ class XLNetFormat(ModelFormat):
                 type_vocab_size=0,
                 dropout_rate=hf.get("dropout", 0.1),
                 attention_dropout_rate=hf.get("dropout", 0.1),
-                hidden_act=HF_ACTIVATIONS[act],
+                hidden_act=act,
                 initializer_range=hf.get("initializer_range", 0.02),
                 layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
                 pooler=False,
@@ -126,9 +121,6 @@ class XLNetFormat(ModelFormat):
             tensors = {k: v for k, v in tensors.items() if k != mask_emb}
         return super().params_from_hf(config, tensors, where)
 
-    def imported_config(self, config: EncoderConfig, groups: Sequence[str]) -> EncoderConfig:
-        return config
-
     def has_tokenizer_files(self, directory: str) -> bool:
         return os.path.exists(os.path.join(directory, tokenizers.SP_MODEL_FILE))
 
@@ -140,11 +132,8 @@ class XLNetFormat(ModelFormat):
             )
         return tokenizers.XLNetTokenizer.from_model_file(path, lowercase=settings.get("do_lower_case", False))
 
-    def hf_files(
-        self, config: EncoderConfig, params: Mapping[str, Any], pad_id: int
-    ) -> tuple[dict, dict[str, np.ndarray]]:
-        """BERT's export of the tensors under XLNet's names, and XLNet's own config.json."""
-        bert_keys, tensors = super().hf_files(config, params, pad_id)
+    def hf_config(self, config: EncoderConfig, groups: set[str], pad_id: int) -> dict[str, Any]:
+        """XLNet's own config.json keys (transformers' XLNetConfig)."""
         if config.attention_dropout_rate != config.dropout_rate:
             log.warning(
                 "transformers' XLNet has one dropout rate: config.json's dropout is the hidden rate %g "
@@ -153,8 +142,8 @@ class XLNetFormat(ModelFormat):
                 config.attention_dropout_rate,
             )
         opts = config.xlnet
-        hf_config = {
-            "architectures": bert_keys["architectures"],
+        return {
+            "architectures": [self.hf_architecture(groups)],
             "model_type": self.model_type,
             "vocab_size": config.vocab_size,
             "d_model": config.hidden_size,
@@ -180,7 +169,6 @@ class XLNetFormat(ModelFormat):
             "pad_token_id": pad_id,
             "tie_word_embeddings": True,
         }
-        return hf_config, tensors
 
 
 XLNET = XLNetFormat(
