@@ -16,7 +16,8 @@ that never come. On CPU, the processes' collectives go through gloo
 
 Once joined, a cluster's failures stay one line too (docs/pods.md, "When a host dies"):
 `check_same_everywhere` stops every process started with other settings than process 0;
-`PeerWatch` ends the others when one process is gone; `peer_lost` recognises the error a
+`PeerWatch` ends the others when one process is gone, core/abort_line.py makes JAX's
+abort when process 0 is gone one line; `peer_lost` recognises the error a
 collective raises when a peer's connection closes; `leave` exits without JAX's shutdown
 barrier after an error.
 """
@@ -36,6 +37,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
+from core import abort_line
 from core.errors import UserError, one_line
 
 ADDRESS_ENV, COUNT_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
@@ -149,8 +151,10 @@ def initialize_distributed(
         num_processes=cluster.num_processes,
         process_id=cluster.process_id,
     )
-    if peer_timeout > 0 and in_cluster():
-        PeerWatch(peer_timeout).start()
+    if in_cluster():
+        abort_line.install(jax.process_count())
+        if peer_timeout > 0:
+            PeerWatch(peer_timeout).start()
     return True
 
 
@@ -200,12 +204,13 @@ def leave(status: int) -> None:
     """Ends this process of a cluster after its output, without JAX's shutdown barrier: that
     would wait for peers that are gone or stuck in a collective with this process (up to
     its 300 s timeout), then abort with a C++ stack. Process 0 runs the coordination service,
-    whose end makes JAX abort every other process at once (with a C++ stack, which no Python
-    handler can replace): it lingers a few seconds, so that peers ending on the same error
+    whose end makes JAX abort every other process at once (a line saying process 0 is gone,
+    core/abort_line.py): it lingers a few seconds, so that peers ending on the same error
     print their own line and leave first."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     logging.shutdown()
+    abort_line.restore()
     if jax.process_index() == 0:
         time.sleep(COORDINATOR_LINGER_SECONDS)
     os._exit(status)
@@ -244,7 +249,8 @@ class PeerWatch:
     that has not moved for `timeout` seconds, measured on this process's clock, is gone.
     A process that ends normally writes "done" (atexit, before JAX's own shutdown), so the
     others never take it for dead. When process 0 itself dies, the coordination service
-    dies with it and JAX aborts the others at once, before this watch can speak.
+    dies with it and JAX aborts the others at once, before this watch can speak: that abort
+    is made one line by core/abort_line.py.
     """
 
     PREFIX = "peer_watch/"

@@ -7,7 +7,8 @@ Prints `process I of N: D local / G global devices, sum S` where S is the sum ov
 global array whose rows each process filled with its own id + 1 (so it is right only if
 every process's rows took part), and with `--data_dir=D` `process I reads F1,F2...`: the
 training shards the input pipeline gives this host. `--fail_process=K` makes process K exit with status 3
-before joining: the others then wait for it (the hang the pod must name).
+before joining: the others then wait for it (the hang the pod must name). `--hold=S` keeps
+every process alive S seconds after its line (for a test that kills one of them).
 `--train_mesh=SPEC` instead trains the mesh tests' tiny MaskedLM for 3 steps on fixed
 global batches (tests/mesh_training.py), each process feeding its own rows of each, and
 prints `SPEC: params_sha256 H losses L`: the same whatever the number of processes.
@@ -16,6 +17,7 @@ prints `SPEC: params_sha256 H losses L`: the same whatever the number of process
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -26,6 +28,7 @@ def build_parser():
     parser = cli.parser(__doc__, "tests.pod_probe")
     cli.add_mesh_flags(parser)
     parser.add_argument("--fail_process", type=int, default=None, help="this process exits with status 3")
+    parser.add_argument("--hold", type=float, default=0.0, help="seconds to stay after the line")
     parser.add_argument(
         "--data_dir", default=None, help="also print the training shard files this process reads"
     )
@@ -66,6 +69,7 @@ def _run(args: argparse.Namespace) -> int:
 
         files, _ = host_files(args.data_dir, "train", jax.process_index(), jax.process_count())
         print(f"process {jax.process_index()} reads {','.join(files)}", flush=True)
+    time.sleep(args.hold)
     return 0
 
 

@@ -201,10 +201,11 @@ def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
     Uninterrupted: each host saves its own data position, process 0 alone writes the summary,
     metrics and TensorBoard, the checkpoint holds both hosts' work. Then the same run with
     the faults a pod meets: SIGTERM to one host (a preemption notice) stops both at the same
-    step with a checkpoint and status 0; SIGKILL to one host ends the other within seconds
-    with one line; restarted, the run ends on the uninterrupted run's parameters. A host
-    started with another data directory, and one process resuming the 2-host run: one line
-    each, nothing written or moved."""
+    step with a checkpoint and status 0; SIGKILL to process 1, then to process 0 (the
+    coordination service's), ends the other within seconds with one line; restarted, the
+    run ends on the uninterrupted run's parameters. A host started with another data
+    directory, and one process resuming the 2-host run: one line each, nothing written or
+    moved."""
     monkeypatch.chdir(ROOT)
     shards = [
         synthetic.write_shards(
@@ -276,6 +277,27 @@ def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
         ("error: process 1 of 2 has shown no sign of life for 20 s", "error: another process of this cluster")
     ) and errors[0].endswith("restart every process with the same command to resume"), errors
     assert "Traceback" not in output and "Check failure" not in output
+
+    # SIGKILL to process 0, where JAX's coordination service runs: process 1 ends at once
+    # with one line (core/abort_line.py) instead of JAX's C++ abort.
+    killed = pod("b", "b_kill0")
+    _when_logged(killed, r"resumed from step")
+    _when_logged(killed, rf"step {int(stops[0][0]) + 3}/10")
+    killed.send_signal(0, signal.SIGKILL)
+    begin = time.monotonic()
+    results = killed.wait(timeout=120, grace=60)
+    # JAX's abort (status -SIGABRT), or first a collective's error (2): one line either way.
+    assert results[0].returncode == -signal.SIGKILL and results[1].returncode in (-signal.SIGABRT, 2)
+    assert time.monotonic() - begin < 10
+    output = results[1].output()
+    errors = [line for line in output.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(
+        (
+            "error: process 0 of 2, which runs JAX's coordination service, has ended or is gone",
+            "error: another process of this cluster stopped during",
+        )
+    ), output[-3000:]
+    assert "Traceback" not in output and "Check failure" not in output
     assert finished("b", "b_end")["params_sha256"] == summary["params_sha256"]
 
     # Process 1 with another data directory: both say so before anything is written.
@@ -300,3 +322,25 @@ def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
         "keep the model and optimizer state and restart the data stream"
     ]
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.slow
+def test_when_process_0_is_killed_the_others_end_at_once_with_one_line(tmp_path):
+    """JAX's coordination service lives in process 0: killed, JAX aborts the others at once
+    with a C++ stack, which core/abort_line.py makes one line."""
+    pod = local_pod.Pod([["tests.pod_probe", "--hold=120"]] * 3, 1, str(tmp_path))
+    deadline = time.monotonic() + 120
+    while not all("sum 24" in pod.output(i) for i in range(3)):
+        assert all(pod.running(i) for i in range(3)) and time.monotonic() < deadline
+        time.sleep(0.1)
+    pod.send_signal(0, signal.SIGKILL)
+    begin = time.monotonic()
+    results = pod.wait(timeout=60, grace=30)
+    assert time.monotonic() - begin < 10
+    for r in results[1:]:
+        assert r.returncode == -signal.SIGABRT and r.output().splitlines()[-2:] == [
+            f"process {r.process_id} of 3: 1 local / 3 global devices, sum 24",
+            "error: process 0 of 3, which runs JAX's coordination service, has ended or is gone (killed, "
+            "its host lost, or an error of its own: see its output): restart every process with the same "
+            "command to resume",
+        ], r.output()
