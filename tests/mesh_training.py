@@ -62,25 +62,37 @@ def train(
 ):
     """One step per batch on `mesh` with `optimizer_fn` (core/optim.py's adamw or lamb):
     (final state, the steps' losses)."""
+    steps = _steps(mesh, objective, len(next(iter(batches[0].values()))), microbatches, optimizer_fn)
+    state, losses = steps.states(jax.random.key(0)), []
+    with steps.partitioner:
+        for batch in batches:
+            state, metrics = steps.train_step(state, steps.partitioner.global_batch(batch), jax.random.key(1))
+            losses.append(float(metrics["loss"]))
+    return state, losses
+
+
+def held_out_sums(mesh, params, batch: dict, objective: Objective) -> dict[str, float]:
+    """The evaluation step's metric sums over one batch on `mesh` (on a cluster: each
+    process's rows of one global batch)."""
+    steps = _steps(mesh, objective, len(next(iter(batch.values()))) * jax.process_count())
+    with steps.partitioner:
+        sums, _ = steps.eval_step(params, steps.partitioner.global_batch(batch), 0, steps.eval_carry())
+    return {k: float(v) for k, v in jax.device_get(sums).items()}
+
+
+def _steps(mesh, objective: Objective, batch_size: int, microbatches: int = 1, optimizer_fn=optim.adamw):
     # Adam's (and LAMB's) first steps are ~lr * sign(g): gradients that are rounding noise
     # around 0 would flip sign between layouts (reductions run in another order). A large eps
     # makes the update continuous in g, so the comparison tests the sharding, not the noise.
     optimizer, schedule = optimizer_fn(total_steps=10, learning_rate=1e-2, warmup_steps=1, eps=1e-3)
-    partitioner = sharding.Partitioner(mesh, sharding.logical_axis_rules())
-    steps = step.build(
+    return step.build(
         objective=objective,
         optimizer=optimizer,
         schedule=schedule,
-        partitioner=partitioner,
-        batch_size=len(next(iter(batches[0].values()))),
+        partitioner=sharding.Partitioner(mesh, sharding.logical_axis_rules()),
+        batch_size=batch_size,
         microbatches=microbatches,
     )
-    state, losses = steps.states(jax.random.key(0)), []
-    with partitioner:
-        for batch in batches:
-            state, metrics = steps.train_step(state, partitioner.global_batch(batch), jax.random.key(1))
-            losses.append(float(metrics["loss"]))
-    return state, losses
 
 
 def assert_layouts_equal_one_device(

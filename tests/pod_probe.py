@@ -10,8 +10,9 @@ training shards the input pipeline gives this host. `--fail_process=K` makes pro
 before joining: the others then wait for it (the hang the pod must name). `--hold=S` keeps
 every process alive S seconds after its line (for a test that kills one of them).
 `--train_mesh=SPEC` instead trains the mesh tests' tiny MaskedLM for 3 steps on fixed
-global batches (tests/mesh_training.py), each process feeding its own rows of each, and
-prints `SPEC: params_sha256 H losses L`: the same whatever the number of processes.
+global batches (tests/mesh_training.py), each process feeding its own rows of each, then
+evaluates it on a fourth, and prints `SPEC: params_sha256 H losses L held-out sums S`: the
+same whatever the number of processes.
 """
 
 import argparse
@@ -84,11 +85,16 @@ def _train(mesh_spec: str) -> None:
 
     rows = mesh_training.B // jax.process_count()
     mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
-    batches = [{k: v[mine] for k, v in b.items()} for b in mesh_training.mlm_batches(3)]
+    batches = [{k: v[mine] for k, v in b.items()} for b in mesh_training.mlm_batches(4)]
     data = PipelineConfig(max_seq_length=mesh_training.L, max_predictions_per_seq=mesh_training.P)
     objective = MaskedLM(mesh_training.SHARDABLE, data)
-    state, losses = mesh_training.train(sharding.make_mesh(mesh_spec), batches, objective)
-    print(f"{mesh_spec}: params_sha256 {params_sha256(state.params)} losses {losses}", flush=True)
+    mesh = sharding.make_mesh(mesh_spec)
+    state, losses = mesh_training.train(mesh, batches[:3], objective)
+    held_out = mesh_training.held_out_sums(mesh, state.params, batches[3], objective)
+    print(
+        f"{mesh_spec}: params_sha256 {params_sha256(state.params)} losses {losses} held-out sums {held_out}",
+        flush=True,
+    )
 
 
 main = cli.entry(build_parser, _run)

@@ -166,11 +166,12 @@ def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
 @pytest.mark.slow(120)
 @pytest.mark.extended
 def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path):
-    """The same global batches (each process feeding its rows) give bit-identical parameters
-    and losses on 2 processes x 4 devices and on a 1-process cluster x 8 devices (a plain
-    process, with XLA's in-process collectives, differs in the last bits), with the batch
-    split over both processes (data:8), parameters split across them (fsdp:8: the hash
-    gathers them), and every axis at once."""
+    """The same global batches (each process feeding its rows) give bit-identical parameters,
+    losses and held-out metric sums (over all 16 rows: every host's) on 2 processes x 4
+    devices and on a 1-process cluster x 8 devices (a plain process, with XLA's in-process
+    collectives, differs in the last bits), with the batch split over both processes
+    (data:8), parameters split across them (fsdp:8: the hash gathers them), and every axis
+    at once."""
     meshes = ["data:8", "fsdp:8", "data:2,fsdp:2,tensor:2"]
     command = ["tests.pod_probe", *(f"--train_mesh={m}" for m in meshes)]
     lines = {}
@@ -184,6 +185,7 @@ def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path):
                 line for line in r.output().splitlines() if "params_sha256" in line
             ]
     assert len(lines[1, 0]) == len(meshes) and lines[2, 0] == lines[1, 0] and lines[2, 1] == lines[1, 0]
+    assert all("'sentence_count': 16.0" in line for line in lines[2, 0]), lines[2, 0]
 
 
 def _when_logged(pod: local_pod.Pod, pattern: str, timeout: float = 300.0) -> None:
