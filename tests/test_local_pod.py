@@ -163,16 +163,22 @@ def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
     ]
 
 
-@pytest.mark.slow(120)
-@pytest.mark.extended
-def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path):
+@pytest.mark.slow(60)
+@pytest.mark.extended(keep=["every_axis"])
+@pytest.mark.parametrize(
+    "meshes",
+    [
+        pytest.param(["data:2,fsdp:2,tensor:2"], id="every_axis"),
+        pytest.param(["data:8", "fsdp:8"], id="data_or_fsdp"),
+    ],
+)
+def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path, meshes):
     """The same global batches (each process feeding its rows) give bit-identical parameters,
     losses and held-out metric sums (over all 16 rows: every host's) on 2 processes x 4
     devices and on a 1-process cluster x 8 devices (a plain process, with XLA's in-process
     collectives, differs in the last bits), with the batch split over both processes
     (data:8), parameters split across them (fsdp:8: the hash gathers them), and every axis
-    at once."""
-    meshes = ["data:8", "fsdp:8", "data:2,fsdp:2,tensor:2"]
+    at once (the case `make test` runs)."""
     command = ["tests.pod_probe", *(f"--train_mesh={m}" for m in meshes)]
     lines = {}
     for processes in (1, 2):
