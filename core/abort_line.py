@@ -5,21 +5,34 @@ gone, or ended on an error of its own), every other process's client polls an er
 the service and jaxlib ends the process at once with LOG(FATAL): an `E... Polled an error`
 line, an `F... Terminating process because the JAX distributed service detected fatal
 errors` message of several lines and a `*** Check failure stack trace: ***` of C++ frames.
-No Python code runs before that abort: `jax.distributed.initialize` passes no
-`missed_heartbeat_callback`, and a Python callable given to jaxlib's client ends the
-process with `std::bad_cast` (the absl::Status it receives has no Python form).
+(The same abort, with another status, ends every process when the service itself declares
+a process dead after its heartbeat timeout.) No Python code runs before that abort:
+`jax.distributed.initialize` passes no `missed_heartbeat_callback`, and a Python callable
+given to jaxlib's client ends the process with `std::bad_cast` (the absl::Status it receives
+has no Python form).
 
 So the text is mended where it is read: `install()` (core/cluster.py, once a process has
-joined a cluster) sends this process's stderr through a small guard process, this file
-run as a script, which passes every byte on unchanged except that abort, which it replaces
-with one `error: ...` line saying which process is gone and what to do. The C++ warnings
-and errors that come just before it (the preemption watcher and the error poll losing the
-service) go with it: each such line is held half a second and dropped if the abort
-follows. The guard reads until the pipe closes, ignores SIGINT and SIGTERM (a Ctrl-C or a
-preemption notice is the tool's to handle; a guard that died would leave the tool writing
-into a closed pipe) and uses the standard library only. `restore()` (at exit, and before
-`core.cluster.leave`) gives the process its stderr back and waits for the guard to write
-what it still holds.
+joined a cluster) sends this process's stderr through a small guard process, this file run
+as a script, which passes every byte on unchanged except that abort, which it replaces
+with one `error: ...` line saying which process is gone and what to do (none when the tool
+has already printed its own `error:` line). The C++ warnings and errors that come just
+before the abort (the preemption watcher and the error poll losing the service), with
+their further lines, go with it: a C++ log line, and whatever follows it, is held
+HOLD_SECONDS (longer while more come, MAX_HOLD_SECONDS at most); if the abort follows, the
+C++ messages among them are dropped and the tool's own lines written. The guard reads
+until the pipe closes, ignores SIGINT and SIGTERM (a Ctrl-C or a preemption notice is the
+tool's to handle; a guard that died would leave the tool writing into a closed pipe) and
+uses the standard library only. A guard that cannot start leaves stderr as it was.
+
+At the end: `restore()` (at exit) gives the process its stderr back and waits for the guard
+to write what it holds; `core.cluster.leave` calls `silence()` instead, which sends fd 2 to
+/dev/null, so that an abort racing with its `os._exit` adds nothing after the tool's line.
+Exit handlers run in reverse order, so `restore()` runs before JAX's own shutdown (its
+handler is registered when jax is imported): an abort inside that shutdown, at the end of
+a successful run whose peer died in the same moment, is printed as JAX prints it.
+The guard writes in its own process: a line it writes as its tool process dies can reach
+the log a moment after that process's exit is seen (core/local_pod.py reads each process's
+output until every writer has closed it).
 """
 
 from __future__ import annotations
@@ -31,35 +44,46 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 FATAL = b"Terminating process because the JAX distributed service detected fatal errors"
 # What the client's status says when the service itself stopped answering.
-SERVICE_GONE = (b"Failed to send RPC to coordination service", b"Socket closed")
+SERVICE_GONE = b"Failed to send RPC to coordination service"
+# ... and when the service declared a process dead (its heartbeat timeout, 100 s).
+HEARTBEATS_STOPPED = b"stopped sending heartbeats"
 _STATUS = re.compile(rb"absl::Status: (.*)")
-# The start of a C++ log line (glog's form: "E1127 19:02:48.165320 ..."). Warnings and errors
-# come in bursts just before the abort (the preemption watcher and the error poll both
-# lose the service), so each is held this long, and dropped if the abort follows.
-_GLOG = re.compile(rb"^[WEF]\d{4} ")
-_GLOG_PREFIX = re.compile(rb"^[WEF]\d{0,4}$|^[WEF]\d{4} ")
+# A C++ log line (glog's form: "E1127 19:02:48.165320 ..."), and the start of one.
+_CPP_LOG = re.compile(rb"^[WEF]\d{4} \d")
+_CPP_LOG_START = re.compile(rb"^[WEF]\d{0,4}$|^[WEF]\d{4} ")
+# The first line of a message of the tool's own (its `error:` line, a traceback, a log line
+# of core/cli.py's form "12:00:01 ..."); any other line goes with the message before it: a
+# C++ log message runs on over several lines (gRPC's details, a list of tasks).
+_TOOLS_OWN = re.compile(rb"^(error: |Traceback \(most recent call last\):|\d\d:\d\d:\d\d )")
 HOLD_SECONDS = 0.5
+MAX_HOLD_SECONDS = 2.0
 LINE_SECONDS = 0.1
 _RESUME = "restart every process with the same command to resume"
 
 
 def abort_line(fatal: bytes, num_processes: int) -> bytes:
     """The one line that replaces the abort whose FATAL line is `fatal`."""
-    status = _STATUS.search(fatal)
-    detail = status.group(1).decode(errors="replace").strip() if status else ""
-    if any(sign in fatal for sign in SERVICE_GONE):
+    if SERVICE_GONE in fatal:
         text = (
             f"process 0 of {num_processes}, which runs JAX's coordination service, has ended or "
             f"is gone (killed, its host lost, or an error of its own: see its output): {_RESUME}"
         )
-    else:
+    elif HEARTBEATS_STOPPED in fatal:
         text = (
-            f"JAX's coordination service ended this cluster ({detail[:200]}): see every "
-            f"process's output, then {_RESUME}"
+            "a process of this cluster stopped sending heartbeats to JAX's coordination service "
+            f"(killed, or its host is gone): see every process's output, then {_RESUME}"
+        )
+    else:
+        status = _STATUS.search(fatal)
+        detail = status.group(1).decode(errors="replace").strip()[:200] if status else ""
+        text = (
+            f"JAX's coordination service ended this cluster{f' ({detail})' if detail else ''}: "
+            f"see every process's output, then {_RESUME}"
         )
     return f"error: {text}\n".encode()
 
@@ -74,17 +98,19 @@ class AbortFilter:
 
     def __init__(self, num_processes: int):
         self.num_processes = num_processes
-        self._held = b""  # complete lines held until `_held_until`
-        self._held_until: float | None = None
+        self._held: list[tuple[bytes, bool]] = []  # (line, from C++), held until _held_until
+        self._held_since = self._held_until = None
+        self._in_cpp = False  # the last line was part of a C++ log message
         self._partial = b""  # the last line, not yet ended by a newline, since `_partial_since`
         self._partial_since = 0.0
+        self._said_error = False  # the tool has written its own `error:` line
         self._aborted = False
 
     @property
     def deadline(self) -> float | None:
         if self._held_until is not None:
             return self._held_until
-        if self._partial and not _GLOG_PREFIX.match(self._partial):
+        if self._partial and not _CPP_LOG_START.match(self._partial):
             return self._partial_since + LINE_SECONDS
         return None  # nothing held, or the start of a C++ log line: its newline will come
 
@@ -97,38 +123,53 @@ class AbortFilter:
         self._partial = partial
         out = []
         for line in lines:
-            if FATAL in line:
-                self._aborted, self._held, self._held_until, self._partial = True, b"", None, b""
-                return b"".join(out) + abort_line(line, self.num_processes)
-            if self._held_until is None and _GLOG.match(line):
-                self._held_until = now + HOLD_SECONDS
+            cpp = bool(_CPP_LOG.match(line))
+            if cpp and line.startswith(b"F") and FATAL in line:
+                return b"".join(out) + self._abort(line)
+            self._in_cpp = cpp or (self._in_cpp and not _TOOLS_OWN.match(line))
+            if cpp:
+                self._held_since = now if self._held_since is None else self._held_since
+                self._held_until = min(now + HOLD_SECONDS, self._held_since + MAX_HOLD_SECONDS)
             if self._held_until is None:
-                out.append(line + b"\n")
+                out.append(self._written(line + b"\n"))
             else:
-                self._held += line + b"\n"
+                self._held.append((line + b"\n", self._in_cpp))
         return b"".join(out) + self.due(now)
 
     def due(self, now: float) -> bytes:
         out = b""
         if self._held_until is not None and now >= self._held_until:
-            out, self._held, self._held_until = self._held, b"", None
+            out = b"".join(self._written(line) for line, _ in self._held)
+            self._held, self._held_since, self._held_until = [], None, None
         deadline = self.deadline
         if self._held_until is None and deadline is not None and now >= deadline:
-            out, self._partial = out + self._partial, b""
+            out, self._partial = out + self._written(self._partial), b""
         return out
 
     def close(self) -> bytes:
         if self._aborted:
             return b""
-        rest, self._held, self._partial, self._held_until = self._held + self._partial, b"", b"", None
+        rest = b"".join(line for line, _ in self._held) + self._partial
+        self._held, self._held_until, self._partial = [], None, b""
         return rest
+
+    def _written(self, text: bytes) -> bytes:
+        self._said_error = self._said_error or text.startswith(b"error: ")
+        return text
+
+    def _abort(self, fatal: bytes) -> bytes:
+        # The text after the fatal line (`_partial` included) is the abort's own.
+        kept = b"".join(self._written(line) for line, cpp in self._held if not cpp)
+        self._aborted, self._held, self._held_until, self._partial = True, [], None, b""
+        return kept + (b"" if self._said_error else abort_line(fatal, self.num_processes))
 
 
 def _guard(num_processes: int, ready_fd: int) -> None:
     """The guard process: stdin (this tool's stderr) to stdout (the real stderr); says it is
-    ready (its signals ignored) by closing `ready_fd`."""
+    ready (its signals ignored) on `ready_fd`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.write(ready_fd, b"1")
     os.close(ready_fd)
     text = AbortFilter(num_processes)
 
@@ -148,53 +189,86 @@ def _guard(num_processes: int, ready_fd: int) -> None:
     write(text.close())
 
 
+_lock = threading.Lock()  # `leave` may run on the peer watch's thread while the main thread exits
 _installed: tuple[subprocess.Popen, int] | None = None
+GUARD_START_SECONDS = 30.0
 
 
 def install(num_processes: int) -> None:
-    """Sends this process's stderr (fd 2: Python's and C++'s) through the guard; once."""
+    """Sends this process's stderr (fd 2: Python's and C++'s) through the guard; once. Leaves
+    stderr as it is when there is none or the guard cannot start."""
     global _installed
-    if _installed is not None:
-        return
-    sys.stderr.flush()
-    real = os.dup(2)
-    ready_read, ready_write = os.pipe()
-    guard = subprocess.Popen(
-        [sys.executable, "-I", os.path.abspath(__file__), str(num_processes), str(ready_write)],
-        stdin=subprocess.PIPE,
-        stdout=real,
-        stderr=real,
-        pass_fds=(ready_write,),
-        start_new_session=True,  # not in the terminal's process group: no Ctrl-C for it
-    )
-    os.close(ready_write)
-    os.read(ready_read, 1)  # returns when the guard closes its end: it ignores signals now
-    os.close(ready_read)
-    if guard.poll() is not None:  # it could not start: keep the plain stderr
-        guard.stdin.close()
-        os.close(real)
-        return
-    os.dup2(guard.stdin.fileno(), 2)
-    guard.stdin.close()  # fd 2 is now the pipe's only write end here
-    _installed = (guard, real)
+    with _lock:
+        if _installed is not None or sys.stderr is None:
+            return
+        try:
+            sys.stderr.flush()
+            real = os.dup(2)
+        except (OSError, ValueError):
+            return
+        ready_read, ready_write = os.pipe()
+        try:
+            guard = subprocess.Popen(
+                [sys.executable, "-I", os.path.abspath(__file__), str(num_processes), str(ready_write)],
+                stdin=subprocess.PIPE,
+                stdout=real,
+                stderr=real,
+                pass_fds=(ready_write,),
+                start_new_session=True,  # not in the terminal's process group: no Ctrl-C for it
+            )
+        except OSError:
+            os.close(real)
+            return
+        finally:
+            os.close(ready_write)
+        try:
+            started = select.select([ready_read], [], [], GUARD_START_SECONDS)[0]
+            ready = os.read(ready_read, 1) if started else b""
+        finally:
+            os.close(ready_read)
+        if ready != b"1":
+            guard.kill()
+            guard.stdin.close()
+            guard.wait()
+            os.close(real)
+            return
+        os.dup2(guard.stdin.fileno(), 2)
+        guard.stdin.close()  # fd 2 is now the pipe's only write end here
+        _installed = (guard, real)
     atexit.register(restore)
 
 
 def restore(timeout: float = 2.0) -> None:
     """Gives fd 2 back to the real stderr and waits (at most `timeout` s) for the guard to
     write what it holds."""
+    _end(None, timeout)
+
+
+def silence(timeout: float = 2.0) -> None:
+    """Like `restore`, but fd 2 goes to /dev/null: for a process about to `os._exit` after
+    its own line, so that nothing written after it (an abort racing with the exit) shows."""
+    _end(os.devnull, timeout)
+
+
+def _end(target: str | None, timeout: float) -> None:
     global _installed
-    if _installed is None:
-        return
-    guard, real = _installed
-    _installed = None
-    sys.stderr.flush()
-    os.dup2(real, 2)
-    os.close(real)
-    try:
-        guard.wait(timeout)
-    except subprocess.TimeoutExpired:  # a child of this process still holds the pipe
-        pass
+    with _lock:
+        if _installed is None:
+            return
+        guard, real = _installed
+        _installed = None
+        sys.stderr.flush()
+        if target is None:
+            os.dup2(real, 2)
+        else:
+            null = os.open(target, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+        os.close(real)
+        try:
+            guard.wait(timeout)
+        except subprocess.TimeoutExpired:  # a child of this process still holds the pipe
+            pass
 
 
 if __name__ == "__main__":

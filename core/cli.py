@@ -169,7 +169,7 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="SECONDS",
         help="in a cluster, a process that shows no sign of life for this long (killed, its host "
-        "gone) ends the others with one line; 0: leave it to JAX's heartbeat (100 s, then a C++ abort)",
+        "gone) ends the others with one line; 0: leave it to JAX's heartbeat (100 s, then its abort)",
     )
 
 

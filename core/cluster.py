@@ -206,11 +206,12 @@ def leave(status: int) -> None:
     its 300 s timeout), then abort with a C++ stack. Process 0 runs the coordination service,
     whose end makes JAX abort every other process at once (a line saying process 0 is gone,
     core/abort_line.py): it lingers a few seconds, so that peers ending on the same error
-    print their own line and leave first."""
+    print their own line and leave first. stderr goes to /dev/null before (abort_line's
+    `silence`): an abort racing with this exit adds nothing after the process's own line."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     logging.shutdown()
-    abort_line.restore()
+    abort_line.silence()
     if jax.process_index() == 0:
         time.sleep(COORDINATOR_LINGER_SECONDS)
     os._exit(status)
@@ -243,7 +244,7 @@ class PeerWatch:
 
     A process killed in the middle of a step leaves the others blocked in a collective that
     does not notice (XLA's CPU collectives, NCCL); JAX's coordination service ends them only
-    after its heartbeat timeout (100 s), with a C++ abort and its stack. Here every process
+    after its heartbeat timeout (100 s), with its abort. Here every process
     writes a counter to the coordination service's key-value store every second (a daemon
     thread, so a long step or compilation does not silence it) and reads the others'; one
     that has not moved for `timeout` seconds, measured on this process's clock, is gone.

@@ -83,34 +83,51 @@ def process_env(process_id: int, processes: int, devices: int, port: int, base: 
 class Pod:
     """Processes started as one cluster, one command each (`python -m command...`); see the
     module docstring. Send a process a signal with `send_signal`, read its output so far
-    with `output`, and end with `wait`."""
+    with `output`, and end with `wait` (or leave a `with Pod(...)` block, which kills what
+    still runs)."""
 
     def __init__(self, commands: Sequence[Sequence[str]], devices_per_process: int, log_dir: str, echo=None):
         os.makedirs(log_dir, exist_ok=True)
         port = free_port()
         self.log_paths = [os.path.join(log_dir, f"process_{i}.log") for i in range(len(commands))]
-        self._running = []
+        self._running, self._readers = [], []
         for i, command in enumerate(commands):
-            log = open(self.log_paths[i], "w")
+            open(self.log_paths[i], "w").close()  # there (empty) from the start, for `output`
             popen = subprocess.Popen(
                 [sys.executable, "-m", *command],
                 cwd=ROOT,
                 env=process_env(i, len(commands), devices_per_process, port),
-                stdout=subprocess.PIPE if (i == 0 and echo) else log,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
+                errors="replace",
             )
-            self._running.append((popen, log))
-        if echo:
-            threading.Thread(
-                target=_tee, args=(self._running[0][0].stdout, self._running[0][1], echo), daemon=True
-            ).start()
+            # Read through a pipe, not into the file directly: the pipe ends only when every
+            # writer has closed it, the process's stderr guard (core/abort_line.py) included,
+            # so `wait` returns with complete logs.
+            reader = threading.Thread(
+                target=_tee,
+                args=(popen.stdout, self.log_paths[i], echo if i == 0 else None),
+                daemon=True,
+            )
+            reader.start()
+            self._running.append(popen)
+            self._readers.append(reader)
+
+    def __enter__(self) -> Pod:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for popen in self._running:
+            if popen.poll() is None:
+                popen.kill()
+        self._join()
 
     def send_signal(self, process_id: int, signum: int) -> None:
-        self._running[process_id][0].send_signal(signum)
+        self._running[process_id].send_signal(signum)
 
     def running(self, process_id: int) -> bool:
-        return self._running[process_id][0].poll() is None
+        return self._running[process_id].poll() is None
 
     def output(self, process_id: int) -> str:
         """What the process has printed so far."""
@@ -120,10 +137,17 @@ class Pod:
     def wait(self, timeout: float = 600.0, grace: float = 60.0) -> list[ProcessResult]:
         """Each process's result once every process has ended or been killed."""
         codes = _wait(self._running, timeout, grace)
-        for popen, log in self._running:
-            popen.wait()
-            log.close()
+        self._join()
         return [ProcessResult(i, code, path) for i, (code, path) in enumerate(zip(codes, self.log_paths))]
+
+    def _join(self) -> None:
+        for popen, reader in zip(self._running, self._readers):
+            popen.wait()
+            reader.join(READER_SECONDS)  # longer only if a child of the process holds its output
+
+
+# How long `wait` waits for a process's output to end after the process has ended.
+READER_SECONDS = 10.0
 
 
 def run_pod(
@@ -142,11 +166,13 @@ def run_pod(
     return Pod([command] * processes, devices_per_process, log_dir, echo).wait(timeout, grace)
 
 
-def _tee(stream, log, echo) -> None:
-    for line in stream:
-        log.write(line)
-        log.flush()
-        echo(line.rstrip("\n"))
+def _tee(stream, path: str, echo) -> None:
+    with open(path, "a") as log:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            if echo:
+                echo(line.rstrip("\n"))
 
 
 def _wait(running, timeout: float, grace: float) -> list[int | None]:
@@ -155,7 +181,7 @@ def _wait(running, timeout: float, grace: float) -> list[int | None]:
     start, first_failure = time.monotonic(), None
     codes: list[int | None] = [None] * len(running)
     while any(c is None for c in codes):
-        for i, (popen, _) in enumerate(running):
+        for i, popen in enumerate(running):
             if codes[i] is None and popen.poll() is not None:
                 codes[i] = popen.returncode
                 if popen.returncode != 0 and first_failure is None:
@@ -164,7 +190,7 @@ def _wait(running, timeout: float, grace: float) -> list[int | None]:
         if now - start > timeout or (first_failure is not None and now - first_failure > grace):
             break
         time.sleep(0.2)
-    for i, (popen, _) in enumerate(running):
+    for i, popen in enumerate(running):
         if codes[i] is None:
             popen.kill()
     return codes

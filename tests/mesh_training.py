@@ -62,7 +62,8 @@ def train(
 ):
     """One step per batch on `mesh` with `optimizer_fn` (core/optim.py's adamw or lamb):
     (final state, the steps' losses)."""
-    steps = _steps(mesh, objective, len(next(iter(batches[0].values()))), microbatches, optimizer_fn)
+    rows = len(next(iter(batches[0].values()))) * jax.process_count()  # the global batch
+    steps = _steps(mesh, objective, rows, microbatches, optimizer_fn)
     state, losses = steps.states(jax.random.key(0)), []
     with steps.partitioner:
         for batch in batches:

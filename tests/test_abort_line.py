@@ -59,6 +59,22 @@ def test_the_abort_and_the_warnings_just_before_it_become_one_line():
         assert _filtered(chunks, step=0.0) == before + GONE, cut
 
 
+def test_a_longer_burst_before_the_abort_goes_too_and_the_tools_own_lines_stay():
+    """Each C++ line holds what follows a little longer; on the abort, only the C++ lines
+    (and gRPC's continuations of them) go: the tool's own lines stay, and a tool that has
+    printed its own `error:` line gets no second one."""
+    warning, polled = PREEMPTION_WARNINGS, ABORT[: ABORT.index(b"F1127")]
+    fatal = ABORT[len(polled) :]
+    text = abort_line.AbortFilter(2)
+    assert text.feed(warning, 0.0) == b"" and text.feed(polled, 0.45) == b""
+    assert text.due(0.6) == b"" and text.feed(fatal, 0.7) == GONE
+    traceback = b'Traceback (most recent call last):\n  File "x.py", line 1\nZeroDivisionError: a bug\n'
+    assert _filtered([warning, traceback, ABORT], step=0.1) == traceback + GONE
+    mine = b"error: another process of this cluster stopped during a collective (...)\n"
+    assert _filtered([warning, mine, ABORT], step=0.1) == mine
+    assert _filtered([mine, b"12:00:01 more\n", ABORT], step=1.0) == mine + b"12:00:01 more\n"
+
+
 def test_everything_else_passes_unchanged_and_a_warning_only_waits():
     warning = b"W1127 19:04:14.041681   14588 some.cc:1] a warning of no consequence\n"
     text = abort_line.AbortFilter(2)
@@ -73,19 +89,83 @@ def test_everything_else_passes_unchanged_and_a_warning_only_waits():
     assert _filtered([ABORT[: ABORT.index(b"F1127")], b"then the process went on\n"], step=1.0) == (
         ABORT[: ABORT.index(b"F1127")] + b"then the process went on\n"
     )
+    # The abort's words in a line that is not a C++ fatal line (a log quoting them) pass.
+    quoted = b"12:00:01 JAX said: " + abort_line.FATAL + b"\n"
+    assert _filtered([quoted, b"and went on\n"]) == quoted + b"and went on\n"
 
 
-def test_another_status_from_the_service_is_named():
+# Process 0's output (the service's own process) when process 1 was killed and no peer watch
+# ran (--peer_timeout=0): the service's heartbeat timeout, 100 s later.
+HEARTBEAT_ABORT = (
+    b"E1127 19:53:09.538135   32441 coordination_service.cc:1549] [10136551220078150339] Use error "
+    b"polling to propagate the following error to all tasks: UNAVAILABLE: The following tasks are "
+    b"unhealthy (stopped sending heartbeats):\n1\nThe tasks have crashed. Check the task logs for an "
+    b"earlier error, or scheduler events (e.g. preemption, eviction) to debug further. "
+    b"[type.googleapis.com/tensorflow.CoordinationServiceError='']\n"
+    b"E1127 19:53:09.539363   32452 coordination_service_agent.cc:289] Polled an error from coordination "
+    b"service (this can be an error from this or another task).\n"
+    b"F1127 19:53:09.539606   32452 client.h:80] Terminating process because the JAX distributed service "
+    b"detected fatal errors. This most likely indicates that another task died; see the other task logs "
+    b"for more details. Disable Python buffering, i.e. `python -u`, to be sure to see all the previous "
+    b"output. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):\n"
+    b"1\nThe tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. "
+    b"preemption, eviction) to debug further.\n\nRPC: /xla.coordination.CoordinationService/PollForError "
+    b"[type.googleapis.com/tensorflow.CoordinationServiceError='']\n*** Check failure stack trace: ***\n"
+    b"    @     0x7f15e1840634  absl::lts_20260107::log_internal::LogMessage::SendToLog()\n"
+)
+
+
+def test_the_heartbeat_timeout_and_another_status_are_named():
+    before = b"12:00:01 step 6/10: loss 5.1\n"
+    assert _filtered([before, HEARTBEAT_ABORT]) == before + (
+        b"error: a process of this cluster stopped sending heartbeats to JAX's coordination service "
+        b"(killed, or its host is gone): see every process's output, then restart every process with "
+        b"the same command to resume\n"
+    )
     fatal = ABORT.replace(
         b"UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was "
         b"preempted/died/restarted unexpectedly or this task is experiencing network issues.",
-        b"UNAVAILABLE: Task /job:jax_worker/replica:0/task:2 heartbeat timeout.",
-    ).replace(b"Socket closed", b"heartbeat")
+        b"INTERNAL: something else.",
+    )
     assert _filtered([fatal], num_processes=4) == (
-        b"error: JAX's coordination service ended this cluster (UNAVAILABLE: Task "
-        b"/job:jax_worker/replica:0/task:2 heartbeat timeout.): see every process's output, then "
+        b"error: JAX's coordination service ended this cluster (INTERNAL: something else.): see every "
+        b"process's output, then restart every process with the same command to resume\n"
+    )
+
+
+def test_a_status_without_detail_is_named_plainly():
+    fatal = b"F1127 19:02:48.165395   14318 client.h:80] " + abort_line.FATAL + b".\n"
+    assert _filtered([fatal]) == (
+        b"error: JAX's coordination service ended this cluster: see every process's output, then "
         b"restart every process with the same command to resume\n"
     )
+
+
+def _in_a_process(program: str) -> subprocess.CompletedProcess:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, timeout=60)
+
+
+def test_without_a_guard_or_without_stderr_the_process_goes_on_as_it_was():
+    """A guard that cannot start (here: its script is missing) leaves stderr as it was;
+    a process without stderr installs nothing."""
+    result = _in_a_process(
+        "import os, sys\n"
+        "from core import abort_line\n"
+        "abort_line.__file__ = '/nonexistent/abort_line.py'\n"
+        "abort_line.install(2)\n"
+        "assert abort_line._installed is None\n"
+        "print('still here', file=sys.stderr)\n"
+    )
+    assert result.returncode == 0 and result.stderr.endswith(b"still here\n"), result.stderr
+    result = _in_a_process(
+        "import os, sys\n"
+        "sys.stderr = None\n"
+        "from core import abort_line\n"
+        "abort_line.install(2)\n"
+        "print(abort_line._installed)\n"
+    )
+    assert result.returncode == 0 and result.stdout == b"None\n", result.stderr
 
 
 def test_a_process_keeps_its_stderr_through_the_guard_and_back(tmp_path):
@@ -104,8 +184,9 @@ def test_a_process_keeps_its_stderr_through_the_guard_and_back(tmp_path):
         f"os.write(2, {ABORT!r})\n"
         "print('to stdout', flush=True)\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, "-c", program], cwd=root, capture_output=True, timeout=60, check=True
+    result = _in_a_process(program)
+    assert (
+        result.returncode == 0
+        and result.stderr == b"from python\nfrom fd 2\n" + GONE
+        and result.stdout == b"to stdout\n"
     )
-    assert result.stderr == b"from python\nfrom fd 2\n" + GONE and result.stdout == b"to stdout\n"

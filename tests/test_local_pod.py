@@ -16,7 +16,7 @@ import pytest
 from core import cluster, local_pod
 from data import shards, synthetic
 from pretrain import train
-from tests import cli_run
+from tests import cli_run, mesh_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -174,7 +174,7 @@ def test_a_coordinator_without_a_count_is_one_line_from_the_tool():
 )
 def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path, meshes):
     """The same global batches (each process feeding its rows) give bit-identical parameters,
-    losses and held-out metric sums (over all 16 rows: every host's) on 2 processes x 4
+    losses and held-out metric sums (over every host's rows) on 2 processes x 4
     devices and on a 1-process cluster x 8 devices (a plain process, with XLA's in-process
     collectives, differs in the last bits), with the batch split over both processes
     (data:8), parameters split across them (fsdp:8: the hash gathers them), and every axis
@@ -191,91 +191,97 @@ def test_two_processes_train_as_one_process_with_the_same_mesh(tmp_path, meshes)
                 line for line in r.output().splitlines() if "params_sha256" in line
             ]
     assert len(lines[1, 0]) == len(meshes) and lines[2, 0] == lines[1, 0] and lines[2, 1] == lines[1, 0]
-    assert all("'sentence_count': 16.0" in line for line in lines[2, 0]), lines[2, 0]
+    weight = float(mesh_training.mlm_batches(4)[3]["masked_lm_weights"].sum())  # both hosts' rows
+    assert all(f"'mlm_weight': {weight}" in line for line in lines[2, 0]), (weight, lines[2, 0])
 
 
-def _when_logged(pod: local_pod.Pod, pattern: str, timeout: float = 300.0) -> None:
-    """Returns once process 0 has printed a line matching `pattern`."""
+def _when_logged(pod: local_pod.Pod, pattern: str, timeout: float = 300.0) -> re.Match:
+    """The first match of `pattern` in process 0's output, once there is one."""
     deadline = time.monotonic() + timeout
-    while not re.search(pattern, pod.output(0), re.M):
+    while not (match := re.search(pattern, pod.output(0), re.M)):
         assert pod.running(0) and time.monotonic() < deadline, pod.output(0)[-3000:]
         time.sleep(0.1)
+    return match
 
 
-@pytest.mark.slow(240)
-@pytest.mark.extended
-def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
-    """pretrain.train as 2 processes x 4 devices, through the tool's own --distributed=auto.
-    Uninterrupted: each host saves its own data position, process 0 alone writes the summary,
-    metrics and TensorBoard, the checkpoint holds both hosts' work. Then the same run with
-    the faults a pod meets: SIGTERM to one host (a preemption notice) stops both at the same
-    step with a checkpoint and status 0; SIGKILL to process 1, then to process 0 (the
-    coordination service's), ends the other within seconds with one line; restarted, the
-    run ends on the uninterrupted run's parameters. A host started with another data
-    directory, and one process resuming the 2-host run: one line each, nothing written or
-    moved."""
-    monkeypatch.chdir(ROOT)
-    shards = [
-        synthetic.write_shards(
-            str(tmp_path / f"shards{i}"),
-            synthetic.make_documents(40, seed=1 + i, max_len=8),
-            synthetic.make_documents(6, seed=2, max_len=8, first_id=150),
+class _PretrainingPod:
+    """pretrain.train as 2 processes x 4 devices on a tiny BERT, through the tool's own
+    --distributed=auto: runs in folders of `root`, each host reading its own shard files."""
+
+    def __init__(self, root):
+        self.root = root
+        self.shards = [
+            synthetic.write_shards(
+                str(root / f"shards{i}"),
+                synthetic.make_documents(40, seed=1 + i, max_len=8),
+                synthetic.make_documents(6, seed=2, max_len=8, first_id=150),
+            )
+            for i in range(2)
+        ]
+        self.gin_file = root / "tiny.gin"
+        self.gin_file.write_text(
+            "include 'configs/models/bert_tiny.gin'\ninclude 'configs/recipes/bert.gin'\n"
+            f"run.data_dir = '{self.shards[0]}'\nPipelineConfig.max_seq_length = 32\n"
+            "PipelineConfig.max_predictions_per_seq = 5\nPipelineConfig.document_shuffle_buffer = 10\n"
+            "PipelineConfig.instance_shuffle_buffer = 10\nrun.batch_size = 8\nrun.steps = 10\n"
+            "run.log_every = 1\nrun.eval_batches = 1\nrun.checkpoint_every = 2\nadamw.warmup_steps = 1\n"
         )
-        for i in range(2)
-    ]
-    gin_file = tmp_path / "tiny.gin"
-    gin_file.write_text(
-        "include 'configs/models/bert_tiny.gin'\ninclude 'configs/recipes/bert.gin'\n"
-        f"run.data_dir = '{shards[0]}'\nPipelineConfig.max_seq_length = 32\n"
-        "PipelineConfig.max_predictions_per_seq = 5\nPipelineConfig.document_shuffle_buffer = 10\n"
-        "PipelineConfig.instance_shuffle_buffer = 10\nrun.batch_size = 8\nrun.steps = 10\n"
-        "run.log_every = 1\nrun.eval_batches = 1\nrun.checkpoint_every = 2\nadamw.warmup_steps = 1\n"
-    )
 
-    def pod(run: str, logs: str, process_1_extra: tuple[str, ...] = ()) -> local_pod.Pod:
+    def start(self, run: str, logs: str, process_1_extra: tuple[str, ...] = ()) -> local_pod.Pod:
         command = [
             "pretrain.train",
-            f"--gin_file={gin_file}",
-            f"--workdir={tmp_path / run}",
+            f"--gin_file={self.gin_file}",
+            f"--workdir={self.root / run}",
             "--peer_timeout=20",
         ]
-        return local_pod.Pod([command, command + list(process_1_extra)], 4, str(tmp_path / "logs" / logs))
+        return local_pod.Pod([command, command + list(process_1_extra)], 4, str(self.root / "logs" / logs))
 
-    def finished(run: str, logs: str) -> dict:
-        results = pod(run, logs).wait(timeout=400)
+    def finished(self, run: str, logs: str) -> dict:
+        with self.start(run, logs) as pod:
+            results = pod.wait(timeout=400)
         assert [r.returncode for r in results] == [0, 0], [r.output()[-3000:] for r in results]
         assert "done: step 10" in results[0].output()
-        return json.loads((tmp_path / run / "summary.json").read_text())
+        return json.loads((self.root / run / "summary.json").read_text())
 
-    summary = finished("a", "a")
-    workdir = tmp_path / "a"
+    def resumed(self, run: str, logs: str) -> tuple[local_pod.Pod, int]:
+        """A restarted run, once it has resumed and logged one step more: (pod, resumed step)."""
+        pod = self.start(run, logs)
+        step = int(_when_logged(pod, r"resumed from step (\d+)").group(1))
+        _when_logged(pod, rf"step {step + 1}/10")
+        return pod, step
+
+
+@pytest.fixture(scope="module")
+def pretraining_pod(tmp_path_factory):
+    """The pod's files and its uninterrupted run "a" (summary.json), shared by the tests."""
+    pod = _PretrainingPod(tmp_path_factory.mktemp("pretraining_pod"))
+    return pod, pod.finished("a", "a")
+
+
+@pytest.mark.slow(90)
+def test_pretraining_on_a_local_pod_resumes_after_a_host_is_killed(pretraining_pod):
+    """The uninterrupted run: each host saves its own data position, process 0 alone writes
+    the summary, metrics, config and TensorBoard, the checkpoint holds both hosts' work. Then
+    SIGKILL to process 1 mid-run: process 0 ends within seconds with one line (the peer watch,
+    or a collective that fails first); restarted, the run ends on the uninterrupted run's
+    parameters."""
+    pod, summary = pretraining_pod
+    workdir = pod.root / "a"
     assert (
-        "distributed: process 0 of 2, 4 of 8 devices here" in (tmp_path / "logs/a/process_0.log").read_text()
+        "distributed: process 0 of 2, 4 of 8 devices here" in (pod.root / "logs/a/process_0.log").read_text()
     )
     assert summary["step"] == 10 and (workdir / "checkpoints" / "10").is_dir()
     positions = sorted(p.name for p in (workdir / "data_iterators" / "10").iterdir())
     assert {p.split(".")[0] for p in positions} == {"process_0", "process_1"}
     metrics = (workdir / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == len(set(metrics)) and len(list((workdir / "tensorboard").rglob("events*"))) == 1
+    assert (workdir / "config.gin").read_text().count("run.steps = 10") == 1
 
-    # SIGTERM to process 1: JAX's preemption sync makes both hosts stop at one step.
-    preempted = pod("b", "b_term")
-    _when_logged(preempted, r"step 3/10")
-    preempted.send_signal(1, signal.SIGTERM)
-    results = preempted.wait(timeout=120)
-    assert [r.returncode for r in results] == [0, 0], [r.output()[-3000:] for r in results]
-    stops = [re.findall(r"SIGTERM: stopped at step (\d+)", r.output()) for r in results]
-    assert stops[0] and stops[0] == stops[1], stops
-    assert (tmp_path / "b" / "checkpoints" / stops[0][0]).is_dir()
-
-    # SIGKILL to process 1 of the resumed run: process 0 notices (the peer watch, or a
-    # collective that fails) and ends with one line.
-    killed = pod("b", "b_kill")
-    _when_logged(killed, rf"resumed from step {stops[0][0]}")
-    _when_logged(killed, rf"step {int(stops[0][0]) + 2}/10")
-    killed.send_signal(1, signal.SIGKILL)
-    begin = time.monotonic()
-    results = killed.wait(timeout=120, grace=60)
+    with pod.start("k", "k_kill") as killed:
+        _when_logged(killed, r"step 4/10")
+        killed.send_signal(1, signal.SIGKILL)
+        begin = time.monotonic()
+        results = killed.wait(timeout=120, grace=60)
     assert [r.returncode for r in results] == [2, -signal.SIGKILL], results[0].output()[-3000:]
     assert time.monotonic() - begin < 60
     output = results[0].output()
@@ -285,15 +291,41 @@ def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
         ("error: process 1 of 2 has shown no sign of life for 20 s", "error: another process of this cluster")
     ) and errors[0].endswith("restart every process with the same command to resume"), errors
     assert "Traceback" not in output and "Check failure" not in output
+    assert pod.finished("k", "k_end")["params_sha256"] == summary["params_sha256"]
 
-    # SIGKILL to process 0, where JAX's coordination service runs: process 1 ends at once
-    # with one line (core/abort_line.py) instead of JAX's C++ abort.
-    killed = pod("b", "b_kill0")
-    _when_logged(killed, r"resumed from step")
-    _when_logged(killed, rf"step {int(stops[0][0]) + 3}/10")
-    killed.send_signal(0, signal.SIGKILL)
-    begin = time.monotonic()
-    results = killed.wait(timeout=120, grace=60)
+
+@pytest.mark.slow(180)
+@pytest.mark.extended
+def test_pretraining_on_a_local_pod_through_preemption_and_the_coordinators_death(
+    pretraining_pod, capsys, monkeypatch
+):
+    """SIGTERM to one host (a preemption notice) stops both at the same step with a
+    checkpoint and status 0; SIGKILL to process 0 (where JAX's coordination service runs)
+    ends the other at once with one line; restarted, the run ends on the uninterrupted
+    run's parameters. A host started with another data directory: one line on each, nothing
+    written. One process resuming the 2-host run: one line, nothing moved; with the data
+    stream reset, the one process reads the 2-host checkpoint and trains on."""
+    monkeypatch.chdir(ROOT)
+    pod, summary = pretraining_pod
+
+    # SIGTERM to process 1: JAX's preemption sync makes both hosts stop at one step.
+    with pod.start("b", "b_term") as preempted:
+        _when_logged(preempted, r"step 3/10")
+        preempted.send_signal(1, signal.SIGTERM)
+        results = preempted.wait(timeout=120)
+    assert [r.returncode for r in results] == [0, 0], [r.output()[-3000:] for r in results]
+    stops = [re.findall(r"SIGTERM: stopped at step (\d+)", r.output()) for r in results]
+    assert stops[0] and stops[0] == stops[1], stops
+    assert (pod.root / "b" / "checkpoints" / stops[0][0]).is_dir()
+
+    # SIGKILL to process 0: process 1 ends at once with one line (core/abort_line.py)
+    # instead of JAX's C++ abort.
+    killed, resumed = pod.resumed("b", "b_kill0")
+    with killed:
+        assert resumed == int(stops[0][0])
+        killed.send_signal(0, signal.SIGKILL)
+        begin = time.monotonic()
+        results = killed.wait(timeout=120, grace=60)
     # JAX's abort (status -SIGABRT), or first a collective's error (2): one line either way.
     assert results[0].returncode == -signal.SIGKILL and results[1].returncode in (-signal.SIGABRT, 2)
     assert time.monotonic() - begin < 10
@@ -306,44 +338,47 @@ def test_pretraining_on_a_local_pod(tmp_path, capsys, monkeypatch):
         )
     ), output[-3000:]
     assert "Traceback" not in output and "Check failure" not in output
-    assert finished("b", "b_end")["params_sha256"] == summary["params_sha256"]
+    assert pod.finished("b", "b_end")["params_sha256"] == summary["params_sha256"]
 
     # Process 1 with another data directory: both say so before anything is written.
-    results = pod("c", "c", (f"--gin_bindings=run.data_dir = '{shards[1]}'",)).wait(timeout=120)
+    with pod.start("c", "c", (f"--gin_bindings=run.data_dir = '{pod.shards[1]}'",)) as other:
+        results = other.wait(timeout=120)
     for r in results:
         assert r.returncode == 2 and [line for line in r.output().splitlines() if "error:" in line] == [
             "error: process 1 of 2 was started with other flags or gin config (files, bindings, data "
             "directory, workdir) than process 0: start every process with the same command and files"
         ], r.output()[-3000:]
-    assert not (tmp_path / "c").exists()
+    assert not (pod.root / "c").exists()
 
-    # One process resuming the 2-host run: the positions of 2 hosts do not fit 1 (nothing moved).
+    # One process resuming the 2-host run: the positions of 2 hosts do not fit 1 (nothing
+    # moved); with the data stream reset, it reads the checkpoint both hosts wrote.
+    workdir = pod.root / "b"
     before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
-    result = cli_run.run(
-        train.main,
-        [f"--gin_file={gin_file}", f"--workdir={workdir}", "--gin_bindings=run.steps = 11"],
-        capsys,
-    )
+    args = [f"--gin_file={pod.gin_file}", f"--workdir={workdir}", "--gin_bindings=run.steps = 11"]
+    result = cli_run.run(train.main, args, capsys)
     assert result.returncode == 2 and result.errors() == [
         f"error: checkpoint step 10 in {workdir / 'checkpoints'} holds the data positions of "
         "2 host(s), this run has 1: resume with 2 host(s), or bind run.reset_data_iterator = True to "
         "keep the model and optimizer state and restart the data stream"
     ]
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+    result = cli_run.run(train.main, [*args, "--gin_bindings=run.reset_data_iterator = True"], capsys)
+    assert result.returncode == 0 and "resumed from step 10" in result.stderr, result.stderr[-3000:]
+    assert json.loads((workdir / "summary.json").read_text())["step"] == 11
 
 
 @pytest.mark.slow
 def test_when_process_0_is_killed_the_others_end_at_once_with_one_line(tmp_path):
     """JAX's coordination service lives in process 0: killed, JAX aborts the others at once
     with a C++ stack, which core/abort_line.py makes one line."""
-    pod = local_pod.Pod([["tests.pod_probe", "--hold=120"]] * 3, 1, str(tmp_path))
-    deadline = time.monotonic() + 120
-    while not all("sum 24" in pod.output(i) for i in range(3)):
-        assert all(pod.running(i) for i in range(3)) and time.monotonic() < deadline
-        time.sleep(0.1)
-    pod.send_signal(0, signal.SIGKILL)
-    begin = time.monotonic()
-    results = pod.wait(timeout=60, grace=30)
+    with local_pod.Pod([["tests.pod_probe", "--hold=120"]] * 3, 1, str(tmp_path)) as pod:
+        deadline = time.monotonic() + 120
+        while not all("sum 24" in pod.output(i) for i in range(3)):
+            assert all(pod.running(i) for i in range(3)) and time.monotonic() < deadline
+            time.sleep(0.1)
+        pod.send_signal(0, signal.SIGKILL)
+        begin = time.monotonic()
+        results = pod.wait(timeout=60, grace=30)
     assert time.monotonic() - begin < 10
     for r in results[1:]:
         assert r.returncode == -signal.SIGABRT and r.output().splitlines()[-2:] == [
@@ -352,3 +387,15 @@ def test_when_process_0_is_killed_the_others_end_at_once_with_one_line(tmp_path)
             "its host lost, or an error of its own: see its output): restart every process with the same "
             "command to resume",
         ], r.output()
+
+
+@pytest.mark.slow
+def test_a_pod_that_outlives_its_timeout_is_killed_and_named(tmp_path, capsys):
+    status = local_pod.main(
+        ["--processes=2", "--devices_per_process=1", "--timeout=3", f"--log_dir={tmp_path}"]
+        + ["--", "tests.pod_probe", "--hold=120"]
+    )
+    assert status == 2 and capsys.readouterr().err.strip() == (
+        f"error: process 0, 1 did not end within 3 s and were killed: see {tmp_path}/process_0.log "
+        f"(all logs in {tmp_path})"
+    )
