@@ -259,6 +259,7 @@ def pretraining_pod(tmp_path_factory):
 
 
 @pytest.mark.slow(90)
+@pytest.mark.extended
 def test_pretraining_on_a_local_pod_resumes_after_a_host_is_killed(pretraining_pod):
     """The uninterrupted run: each host saves its own data position, process 0 alone writes
     the summary, metrics, config and TensorBoard, the checkpoint holds both hosts' work. Then
