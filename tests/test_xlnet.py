@@ -256,6 +256,7 @@ def test_clamp_len_0_clips_nothing_as_the_original():
     assert float(jnp.abs(xlnet.relative_distances(L, MEM + L, direction, 5)).max()) == 5.0
 
 
+@pytest.mark.slow
 def test_fine_tuning_logits_do_not_depend_on_the_left_padding():
     """The classifier (the summary of the last position) gives the same logits for a row
     padded on the left with 1 or with 40 pads (segment id 4), and for the row alone: the pads
@@ -436,6 +437,7 @@ def test_parameter_counts_are_transformers(layers, hidden, heads, published):
     assert count_params(_abstract_params(config)) == published
 
 
+@pytest.mark.slow
 def test_the_dropout_after_the_ffn_activation_has_its_own_rate():
     """XLNetOptions.activation_dropout: None takes the hidden rate (the original code, and
     transformers); the paper's table sets it apart (0 in its pretraining), and fine-tuning's
@@ -459,6 +461,7 @@ def test_the_dropout_after_the_ffn_activation_has_its_own_rate():
     assert not np.allclose(ffn(0.0), ffn(0.5))
 
 
+@pytest.mark.slow
 def test_mlm_on_xlnets_encoder_counts_its_relative_terms():
     """XLNetMLM (the paper's "DAE + Transformer-XL"): BERT's MLM head on XLNet's content
     stream; its FLOPs are BERT's MLM count plus the relative projection and scores, and a
