@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -233,19 +234,34 @@ def _run(args) -> int:
         grace=args.grace,
         echo=print,
     )
-    hung = [r for r in results if r.returncode is None]
-    failed = [r for r in results if r.returncode not in (0, None)]
-    if hung or failed:
-        parts = [f"process {r.process_id} exited with status {r.returncode}" for r in failed[:1]]
-        if hung:
-            waited = f"{args.grace:g} s after that" if failed else f"within {args.timeout:g} s"
-            ids = ", ".join(str(r.process_id) for r in hung)
-            parts.append(
-                f"process {ids} did not end {waited} and {'was' if len(hung) == 1 else 'were'} killed"
-            )
-        raise PodError(f"{'; '.join(parts)}: see {(failed or hung)[0].log_path} (all logs in {log_dir})")
+    failure = failure_line(results, args.grace, args.timeout, log_dir)
+    if failure:
+        raise PodError(failure)
     print(f"local pod: {args.processes} processes ended with status 0; logs in {log_dir}")
     return 0
+
+
+def failure_line(results: Sequence[ProcessResult], grace: float, timeout: float, log_dir: str) -> str | None:
+    """What went wrong in a pod, in one line (None: nothing): how each failed process ended,
+    with the last `error:` line it printed, and which processes hung."""
+    hung = [r for r in results if r.returncode is None]
+    failed = [r for r in results if r.returncode not in (0, None)]
+    if not (hung or failed):
+        return None
+    parts = []
+    for r in failed:
+        ended = (
+            f"ended by {signal.Signals(-r.returncode).name}"
+            if r.returncode < 0
+            else f"exited with status {r.returncode}"
+        )
+        said = [line for line in r.output().splitlines() if line.startswith("error: ")]
+        parts.append(f"process {r.process_id} {ended}{f' ({said[-1]})' if said else ''}")
+    if hung:
+        waited = f"{grace:g} s after that" if failed else f"within {timeout:g} s"
+        ids = ", ".join(str(r.process_id) for r in hung)
+        parts.append(f"process {ids} did not end {waited} and {'was' if len(hung) == 1 else 'were'} killed")
+    return f"{'; '.join(parts)}: see {(failed or hung)[0].log_path} (all logs in {log_dir})"
 
 
 main = cli.entry(build_parser, _run)

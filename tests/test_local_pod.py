@@ -390,6 +390,27 @@ def test_when_process_0_is_killed_the_others_end_at_once_with_one_line(tmp_path)
         ], r.output()
 
 
+def test_a_failed_pod_names_how_each_process_ended_and_what_it_said(tmp_path):
+    """The console line of `python -m core.local_pod` when process 0 was killed: the others'
+    own error lines are in their logs, and the pod's line repeats the last one of each."""
+    gone = (
+        "error: process 0 of 3, which runs JAX's coordination service, has ended or is gone (killed, its "
+        "host lost, or an error of its own: see its output): restart every process with the same command "
+        "to resume"
+    )
+    results = []
+    for i, (code, text) in enumerate(
+        [(-signal.SIGKILL, "12:00:01 step 3/10\n"), (-signal.SIGABRT, gone), (None, "")]
+    ):
+        (tmp_path / f"process_{i}.log").write_text(text + "\n")
+        results.append(local_pod.ProcessResult(i, code, str(tmp_path / f"process_{i}.log")))
+    assert local_pod.failure_line(results, 60, 600, str(tmp_path)) == (
+        f"process 0 ended by SIGKILL; process 1 ended by SIGABRT ({gone}); process 2 did not end 60 s "
+        f"after that and was killed: see {tmp_path}/process_0.log (all logs in {tmp_path})"
+    )
+    assert local_pod.failure_line([local_pod.ProcessResult(0, 0, "x")], 60, 600, "d") is None
+
+
 @pytest.mark.slow
 def test_a_pod_that_outlives_its_timeout_is_killed_and_named(tmp_path, capsys):
     status = local_pod.main(
