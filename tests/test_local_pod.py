@@ -246,8 +246,12 @@ class _PretrainingPod:
     def resumed(self, run: str, logs: str) -> tuple[local_pod.Pod, int]:
         """A restarted run, once it has resumed and logged one step more: (pod, resumed step)."""
         pod = self.start(run, logs)
-        step = int(_when_logged(pod, r"resumed from step (\d+)").group(1))
-        _when_logged(pod, rf"step {step + 1}/10")
+        try:
+            step = int(_when_logged(pod, r"resumed from step (\d+)").group(1))
+            _when_logged(pod, rf"step {step + 1}/10")
+        except BaseException:
+            pod.__exit__(None, None, None)  # no processes left behind
+            raise
         return pod, step
 
 
