@@ -19,7 +19,9 @@ has already printed its own `error:` line). The C++ warnings and errors that com
 before the abort (the preemption watcher and the error poll losing the service), with
 their further lines, go with it: a C++ log line, and whatever follows it, is held
 HOLD_SECONDS (longer while more come, MAX_HOLD_SECONDS at most); if the abort follows, the
-C++ messages among them are dropped and the tool's own lines written. The guard reads
+C++ messages among them are dropped and the tool's own lines (its `error:` line, a traceback,
+its log lines) written; any other line that follows a C++ line there is taken for part of
+its message. The guard reads
 until the pipe closes, ignores SIGINT and SIGTERM (a Ctrl-C or a preemption notice is the
 tool's to handle; a guard that died would leave the tool writing into a closed pipe) and
 uses the standard library only. A guard that cannot start leaves stderr as it was.
@@ -55,6 +57,9 @@ HEARTBEATS_STOPPED = b"stopped sending heartbeats"
 _STATUS = re.compile(rb"absl::Status: (.*)")
 # A C++ log line (glog's form: "E1127 19:02:48.165320 ..."), and the start of one.
 _CPP_LOG = re.compile(rb"^[WEF]\d{4} \d")
+# A C++ log line's full prefix, also where it follows text of the tool's that had no
+# newline yet ("12:00:01 progressE1127 19:02:48.165320   14318 agent.cc:289] ...").
+_CPP_LOG_INSIDE = re.compile(rb"[WEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]+\] ")
 _CPP_LOG_START = re.compile(rb"^[WEF]\d{0,4}$|^[WEF]\d{4} ")
 # The first line of a message of the tool's own (its `error:` line, a traceback, a log line
 # of core/cli.py's form "12:00:01 ..."); any other line goes with the message before it: a
@@ -122,7 +127,7 @@ class AbortFilter:
             self._partial_since = now
         self._partial = partial
         out = []
-        for line in lines:
+        for line in _unglued(lines):
             cpp = bool(_CPP_LOG.match(line))
             if cpp and line.startswith(b"F") and FATAL in line:
                 return b"".join(out) + self._abort(line)
@@ -162,6 +167,19 @@ class AbortFilter:
         kept = b"".join(self._written(line) for line, cpp in self._held if not cpp)
         self._aborted, self._held, self._held_until, self._partial = True, [], None, b""
         return kept + (b"" if self._said_error else abort_line(fatal, self.num_processes))
+
+
+def _unglued(lines: list[bytes]) -> list[bytes]:
+    """`lines`, with a C++ log line that follows other text on its line made a line of its own."""
+    out = []
+    for line in lines:
+        inside = _CPP_LOG_INSIDE.search(line, 1)
+        while inside:
+            out.append(line[: inside.start()])
+            line = line[inside.start() :]
+            inside = _CPP_LOG_INSIDE.search(line, 1)
+        out.append(line)
+    return out
 
 
 def _guard(num_processes: int, ready_fd: int) -> None:
@@ -218,6 +236,7 @@ def install(num_processes: int) -> None:
             )
         except OSError:
             os.close(real)
+            os.close(ready_read)
             return
         finally:
             os.close(ready_write)

@@ -11,10 +11,11 @@ calls `jax.distributed.initialize`, so the path run here is the one users take o
 Collectives between the processes go through gloo.
 
 Every process's output goes to DIR/process_<i>.log (kept); process 0's is also shown. The
-pod's exit status is the first non-zero status, or 0. When one process has ended with an
-error and the others have not ended `--grace` seconds later, or none has ended after
-`--timeout` seconds, the ones still running are killed and named: a hang is a failure
-that names the process that hung, never a wait.
+pod exits with status 0 when every process did; otherwise with status 2 and one line
+saying how each failed process ended and the last `error:` line it printed. When one
+process has ended with an error and the others have not ended `--grace` seconds later, or
+none has ended after `--timeout` seconds, the ones still running are killed and named: a
+hang is a failure that names the process that hung, never a wait.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def run_pod(
 
 
 def _tee(stream, path: str, echo) -> None:
-    with open(path, "a") as log:
+    with stream, open(path, "a") as log:
         for line in stream:
             log.write(line)
             log.flush()
@@ -251,9 +252,7 @@ def failure_line(results: Sequence[ProcessResult], grace: float, timeout: float,
     parts = []
     for r in failed:
         ended = (
-            f"ended by {signal.Signals(-r.returncode).name}"
-            if r.returncode < 0
-            else f"exited with status {r.returncode}"
+            f"exited with status {r.returncode}" if r.returncode > 0 else f"ended by {_signal(-r.returncode)}"
         )
         said = [line for line in r.output().splitlines() if line.startswith("error: ")]
         parts.append(f"process {r.process_id} {ended}{f' ({said[-1]})' if said else ''}")
@@ -262,6 +261,13 @@ def failure_line(results: Sequence[ProcessResult], grace: float, timeout: float,
         ids = ", ".join(str(r.process_id) for r in hung)
         parts.append(f"process {ids} did not end {waited} and {'was' if len(hung) == 1 else 'were'} killed")
     return f"{'; '.join(parts)}: see {(failed or hung)[0].log_path} (all logs in {log_dir})"
+
+
+def _signal(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {number}"
 
 
 main = cli.entry(build_parser, _run)

@@ -75,6 +75,16 @@ def test_a_longer_burst_before_the_abort_goes_too_and_the_tools_own_lines_stay()
     assert _filtered([mine, b"12:00:01 more\n", ABORT], step=1.0) == mine + b"12:00:01 more\n"
 
 
+def test_the_hold_ends_after_two_seconds_and_a_fatal_line_glued_to_the_tools_text_is_found():
+    warning = b"W1127 19:04:14.041681   14588 some.cc:1] a warning\n"
+    text = abort_line.AbortFilter(2)
+    out = b"".join(text.feed(warning, t) + text.due(t) for t in (0.0, 0.4, 0.8, 1.2, 1.6))
+    assert out == b"" and text.deadline == abort_line.MAX_HOLD_SECONDS
+    assert text.due(abort_line.MAX_HOLD_SECONDS) == warning * 5
+    # A line of the tool's without its newline yet, then the abort in the same moment.
+    assert _filtered([b"12:00:01 progress", ABORT], step=0.05) == b"12:00:01 progress\n" + GONE
+
+
 def test_everything_else_passes_unchanged_and_a_warning_only_waits():
     warning = b"W1127 19:04:14.041681   14588 some.cc:1] a warning of no consequence\n"
     text = abort_line.AbortFilter(2)

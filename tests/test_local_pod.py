@@ -413,6 +413,9 @@ def test_a_failed_pod_names_how_each_process_ended_and_what_it_said(tmp_path):
         f"after that and was killed: see {tmp_path}/process_0.log (all logs in {tmp_path})"
     )
     assert local_pod.failure_line([local_pod.ProcessResult(0, 0, "x")], 60, 600, "d") is None
+    (tmp_path / "rt.log").write_text("")
+    realtime = local_pod.ProcessResult(0, -40, str(tmp_path / "rt.log"))  # a signal with no name
+    assert local_pod.failure_line([realtime], 60, 600, "d").startswith("process 0 ended by signal 40: see")
 
 
 @pytest.mark.slow
