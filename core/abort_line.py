@@ -55,11 +55,10 @@ SERVICE_GONE = b"Failed to send RPC to coordination service"
 # ... and when the service declared a process dead (its heartbeat timeout, 100 s).
 HEARTBEATS_STOPPED = b"stopped sending heartbeats"
 _STATUS = re.compile(rb"absl::Status: (.*)")
-# A C++ log line (glog's form: "E1127 19:02:48.165320 ..."), and the start of one.
-_CPP_LOG = re.compile(rb"^[WEF]\d{4} \d")
-# A C++ log line's full prefix, also where it follows text of the tool's that had no
-# newline yet ("12:00:01 progressE1127 19:02:48.165320   14318 agent.cc:289] ...").
-_CPP_LOG_INSIDE = re.compile(rb"[WEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]+\] ")
+# A C++ log line's prefix (glog's form: "E1127 19:02:48.165320   14318 agent.cc:289] "): at
+# a line's start, or after text of the tool's that had no newline yet ("12:00:01
+# progressE1127 ..."); and what may be the start of one, in a line not ended yet.
+_CPP_LOG = re.compile(rb"[WEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]+\] ")
 _CPP_LOG_START = re.compile(rb"^[WEF]\d{0,4}$|^[WEF]\d{4} ")
 # The first line of a message of the tool's own (its `error:` line, a traceback, a log line
 # of core/cli.py's form "12:00:01 ..."); any other line goes with the message before it: a
@@ -173,11 +172,11 @@ def _unglued(lines: list[bytes]) -> list[bytes]:
     """`lines`, with a C++ log line that follows other text on its line made a line of its own."""
     out = []
     for line in lines:
-        inside = _CPP_LOG_INSIDE.search(line, 1)
+        inside = _CPP_LOG.search(line, 1)
         while inside:
             out.append(line[: inside.start()])
             line = line[inside.start() :]
-            inside = _CPP_LOG_INSIDE.search(line, 1)
+            inside = _CPP_LOG.search(line, 1)
         out.append(line)
     return out
 
@@ -198,12 +197,13 @@ def _guard(num_processes: int, ready_fd: int) -> None:
 
     while True:
         wait = None if text.deadline is None else max(0.0, text.deadline - time.monotonic())
-        if select.select([0], [], [], wait)[0]:
-            data = os.read(0, 1 << 16)
-            if not data:
-                break
-            write(text.feed(data, time.monotonic()))
-        write(text.due(time.monotonic()))
+        if not select.select([0], [], [], wait)[0]:
+            write(text.due(time.monotonic()))  # a deadline passed (`feed` also writes what is due)
+            continue
+        data = os.read(0, 1 << 16)
+        if not data:
+            break
+        write(text.feed(data, time.monotonic()))
     write(text.close())
 
 

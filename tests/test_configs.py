@@ -44,17 +44,17 @@ def test_there_are_configs():
     } <= names
 
 
-def _recipe_of(path: str) -> list[str]:
-    """What a file is launched on top of: a model size file's family recipe (configs/models/
-    xlnet_base.gin -> configs/recipes/xlnet.gin), an ablation arm's base run when its grid
-    names one (base.txt); nothing for any other file."""
+def _as_launched(path: str) -> list[str]:
+    """The gin files a file is launched with, in order: a model size file, then its family's
+    recipe (configs/models/xlnet_base.gin + configs/recipes/xlnet.gin); an ablation arm after
+    its grid's base run when the grid names one (base.txt); any other file alone."""
     parts = path.split(os.sep)
     if parts[1] == "ablations":
-        return ablate.grid_base(os.path.join(ROOT, *parts[:3])) or []
-    if parts[1] != "models":
-        return []
+        return [*(ablate.grid_base(os.path.join(ROOT, *parts[:3])) or []), path]
     recipe = os.path.join("configs", "recipes", parts[2].split("_")[0] + ".gin")
-    return [recipe] if os.path.exists(os.path.join(ROOT, recipe)) else []
+    if parts[1] == "models" and os.path.exists(os.path.join(ROOT, recipe)):
+        return [path, recipe]
+    return [path]
 
 
 @pytest.mark.slow
@@ -63,9 +63,7 @@ def _recipe_of(path: str) -> list[str]:
 @pytest.mark.extended(keep=[p for p in GIN_FILES if p.split(os.sep)[1] in ("recipes", "runs", "glue")])
 @pytest.mark.parametrize("path", GIN_FILES)
 def test_gin_file_parses_and_builds(path):
-    base = _recipe_of(path)
-    files = [*base, path] if path.split(os.sep)[1] == "ablations" else [path, *base]
-    gin.parse_config_files_and_bindings(files, [])
+    gin.parse_config_files_and_bindings(_as_launched(path), [])
     config = EncoderConfig()
     pipeline_config = PipelineConfig()
     assert pipeline_config.max_predictions_per_seq <= pipeline_config.max_seq_length
