@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -102,6 +103,12 @@ def build_parser():
         "--rounds", type=cli.positive_int, default=1, help="with --paired: alternate the two this many times"
     )
     parser.add_argument(
+        "--compile_only",
+        action="store_true",
+        help="compile the init and the step, run nothing: fills the compilation cache that "
+        "JAX_COMPILATION_CACHE_DIR names (what bench.suite's compile-ahead workers do)",
+    )
+    parser.add_argument(
         "--profile_dir",
         default=None,
         help="after timing, trace --steps more steps with jax.profiler here and summarise them",
@@ -124,6 +131,17 @@ def _run(args) -> None:
     if args.fake_devices:
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.fake_devices}"
         os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    from core import compilation_cache
+
+    # The persistent cache the environment configures (JAX_COMPILATION_CACHE_DIR: bench.suite
+    # compiles ahead into it), counted so that the JSON says which compilations it served.
+    with compilation_cache.counted(jax.config.jax_compilation_cache_dir or None) as cache:
+        _measure(args, cache)
+
+
+def _measure(args, cache) -> None:
     import gin
     import jax
 
@@ -135,8 +153,9 @@ def _run(args) -> None:
     from pretrain.objectives import make_objective  # registers the objectives, models and configs
 
     started = time.perf_counter()
-    peak_flops = report.matmul_peak_flops(args.dtype)  # before the model exists: see report.py
-    peak_seconds = time.perf_counter() - started  # 0 after the first call in a process (cached)
+    # Before the model exists (see report.py); 0 s after the first call in a process (cached).
+    peak_flops = None if args.compile_only else report.matmul_peak_flops(args.dtype)
+    peak_seconds = time.perf_counter() - started
     batch_size, seq = args.batch_size, args.seq_len
     predictions = args.num_predictions or max(1, 20 * seq // 128)
     without = set(args.without)
@@ -183,6 +202,10 @@ def _run(args) -> None:
         )
         with partitioner:
             device_batch = partitioner.global_batch(batch)
+        return objective, batch, steps, device_batch
+
+    def timed(steps, device_batch):
+        """(step, state, device batch) for report.time_alternately."""
         last_state = {}  # the state the timed steps end with (the earlier ones were donated)
 
         def step(state, b):
@@ -190,12 +213,26 @@ def _run(args) -> None:
             return last_state["state"], metrics
 
         step.last_state = last_state
-        return objective, batch, step, steps.states(jax.random.key(0)), device_batch
+        return step, steps.states(jax.random.key(0)), device_batch
 
     started = time.perf_counter()
     variants = [build(without, args.fused_attention, args.dropout_prng, args.scan_layers)]
     if args.paired:
         variants.append(build())
+    if args.compile_only:
+        build_seconds = time.perf_counter() - started
+        line = {
+            "name": "ours_compiled",
+            "device": jax.devices()[0].device_kind,
+            "batch": batch_size,
+            "seq": seq,
+        }
+        line |= _compile_ahead([v[2:] for v in variants], partitioner, rng)
+        print(
+            json.dumps(line | {"build_seconds": round(build_seconds, 2), "compilation_cache": _usage(cache)})
+        )
+        return
+    variants = [v[:2] + timed(*v[2:]) for v in variants]
     jax.block_until_ready([v[3] for v in variants])
     # Start-up beyond the step's compilation: what the suite's "overhead" column is made of.
     startup = {
@@ -238,9 +275,32 @@ def _run(args) -> None:
             attention=objective.model_config.attention_choice(seq, dropout=True)[0],
             **startup,
             **extra,
+            compilation_cache=_usage(cache),
             config=dataclasses.asdict(objective.model_config),
         )
     )
+
+
+def _compile_ahead(variants, partitioner, rng) -> dict:
+    """Compiles each (steps, device batch)'s init and train step without running them or
+    allocating a state; {"init_compile_seconds", "compile_seconds"} summed over the variants."""
+    init_seconds = step_seconds = 0.0
+    for steps, device_batch in variants:
+        started = time.perf_counter()
+        steps.states.compile()
+        init_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        with partitioner:  # as the timed steps run: the mesh's axis rules shape the program
+            steps.train_step.lower(steps.states.abstract, device_batch, rng).compile()
+        step_seconds += time.perf_counter() - started
+    return {"init_compile_seconds": round(init_seconds, 2), "compile_seconds": round(step_seconds, 2)}
+
+
+def _usage(cache) -> dict | None:
+    """The persistent compilation cache's use in this run, None without one."""
+    if cache.path is None:
+        return None
+    return {"hits": cache.hits, "requests": cache.requests, "seconds_saved": round(cache.seconds_saved, 2)}
 
 
 main = cli.entry(build_parser, _run)

@@ -1,6 +1,7 @@
 r"""One call measures the family: every member's train step at its recipe's shape, and the peer.
 
     python -m bench.suite [--dtype=bfloat16] [--steps=10] [--timeout=300] [--only=NAME,...] \
+        [--arms] [--compile_workers=auto|N] [--compilation_cache=DIR] [--profile_dir=DIR] \
         [--peer_python=.venv-peer/bin/python] [--tiny]
 
 For each member of MEMBERS (a model file and its recipe, at the batch and length the issue
@@ -14,11 +15,20 @@ with the next. The peer (HF Flax BERT, bench/peer_hf.py, in its own virtualenv: 
 bench-peer-venv`) is timed at BERT-base 128 and BERT-large 512 with our model config;
 without its virtualenv those rows say so.
 
+Compiling is most of a suite's time on an accelerator (40-50 s per member on an H200), so
+on a host with the cores for it `--compile_workers` processes first compile every member's
+init and step at once (`bench.pretrain --compile_only`) into JAX's persistent compilation
+cache; then the members are timed one after the other, alone on the device, each reading
+its executables from the cache. `--arms` runs ARMS instead, the levers to try one at a
+time (XLA flags, batch, remat, the dropout PRNG), each against the member it changes;
+`--profile_dir` adds each member's time per XLA operation.
+
 Prints one JSON line per run as it finishes, then a markdown table (tokens/s, MFU against
-the matmul peak measured in the same process, compile seconds, and the seconds a member
-cost beyond its compilation and its timed and warm-up steps), then one JSON line with
-everything. `--tiny` runs the same suite on tiny shapes (1 layer of width 64, batch 2 x
-length 32): what the tests run on a CPU.
+the matmul peak measured in the same process, the compile seconds ahead and in the timed
+process, and the seconds a member cost beyond its compilation and its timed and warm-up
+steps), the arms against their bases, then one JSON line with everything. `--tiny` runs
+the same suite on tiny shapes (1 layer of width 64, batch 2 x length 32): what the tests
+run on a CPU.
 """
 
 from __future__ import annotations
@@ -26,12 +36,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import glob
 import io
 import json
 import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -59,15 +71,20 @@ class Member:
     seq: int
     peer: bool = False  # also time HF Flax BERT at this shape
     bindings: tuple[str, ...] = ()  # gin bindings after the files (an ablation arm)
+    options: tuple[str, ...] = ()  # bench.pretrain's own flags (e.g. --dropout_prng=rbg)
+    xla_flags: tuple[str, ...] = ()  # added to XLA_FLAGS of the member's process
+    base: str | None = None  # an arm: the member it is measured against
 
 
+BERT_BASE = ("configs/models/bert_base.gin", "configs/recipes/bert.gin")
+BERT_LARGE = ("configs/models/bert_large.gin", "configs/recipes/bert.gin")
 MEMBERS = (
-    Member("bert_base_128", ("configs/models/bert_base.gin", "configs/recipes/bert.gin"), 256, 128, True),
-    Member("bert_large_512", ("configs/models/bert_large.gin", "configs/recipes/bert.gin"), 32, 512, True),
+    Member("bert_base_128", BERT_BASE, 256, 128, True),
+    Member("bert_large_512", BERT_LARGE, 32, 512, True),
     # What BERT's attention dropout costs: without it 'auto' takes the platform's fused kernel.
     Member(
         "bert_large_512_no_attention_dropout",
-        ("configs/models/bert_large.gin", "configs/recipes/bert.gin"),
+        BERT_LARGE,
         32,
         512,
         bindings=("EncoderConfig.attention_dropout_rate = 0.0",),
@@ -75,7 +92,7 @@ MEMBERS = (
     # BERT's attention dropout in our flash kernel (opt-in until this row beats bert_large_512).
     Member(
         "bert_large_512_flash",
-        ("configs/models/bert_large.gin", "configs/recipes/bert.gin"),
+        BERT_LARGE,
         32,
         512,
         bindings=("EncoderConfig.attention_implementation = 'flash'",),
@@ -105,6 +122,43 @@ MEMBERS = (
     # P at 512, where the recipe has 85).
     Member("xlnet_base_512", ("configs/models/xlnet_base.gin", "configs/recipes/xlnet.gin"), 32, 512),
 )
+# The levers to try on an accelerator, each alone against the member it changes (`--arms`
+# runs them with their bases; --only names any). XLA's flags need a process of their own.
+ARMS = (
+    Member(
+        "bert_base_128_triton_gemm_off",
+        BERT_BASE,
+        256,
+        128,
+        xla_flags=("--xla_gpu_enable_triton_gemm=false",),
+        base="bert_base_128",
+    ),
+    Member(
+        "bert_base_128_cudnn_layer_norm",
+        BERT_BASE,
+        256,
+        128,
+        xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",),
+        base="bert_base_128",
+    ),
+    Member("bert_base_128_batch_512", BERT_BASE, 512, 128, base="bert_base_128"),
+    Member(
+        "bert_base_128_rbg_dropout",
+        BERT_BASE,
+        256,
+        128,
+        options=("--dropout_prng=rbg",),
+        base="bert_base_128",
+    ),
+    Member(
+        "bert_large_512_remat_batch_64",
+        BERT_LARGE,
+        64,
+        512,
+        bindings=("EncoderConfig.remat_policy = 'dots_saveable'",),
+        base="bert_large_512",
+    ),
+)
 # --tiny: every member's structure (objective, embeddings, attention kind) at a size a CPU
 # compiles in seconds.
 TINY_BINDINGS = (
@@ -133,26 +187,65 @@ def build_parser():
     parser.add_argument(
         "--only",
         default=None,
-        help=f"comma-separated members to run, of {', '.join(m.name for m in MEMBERS)}",
+        help=f"comma-separated members to run, of {', '.join(m.name for m in MEMBERS + ARMS)}",
+    )
+    parser.add_argument(
+        "--arms",
+        action="store_true",
+        help="run the levers (ARMS) and the members they are measured against, instead of the family",
     )
     parser.add_argument(
         "--peer_python", default=".venv-peer/bin/python", help="python of the peer's virtualenv"
     )
     parser.add_argument("--tiny", action="store_true", help="tiny shapes: the suite's own test on a CPU")
-    # Internal: the child process that runs the members it is given, one JSON line each.
+    parser.add_argument(
+        "--compile_workers",
+        default="auto",
+        type=_workers_setting,
+        help="processes that compile the members at once, into the persistent cache, before any "
+        "is timed; 0: each member compiles as it is timed; auto: one per 4 CPU cores, 0 below 8 "
+        "and on TPU hosts",
+    )
+    parser.add_argument(
+        "--compilation_cache",
+        default=None,
+        metavar="DIR",
+        help="JAX's persistent compilation cache for the members (default $JAX_COMPILATION_CACHE_DIR, "
+        "else, with compile workers, a temporary directory): a second run reads what the first compiled",
+    )
+    parser.add_argument(
+        "--profile_dir",
+        default=None,
+        help="also trace --steps more steps of each member with jax.profiler into DIR/<member> and "
+        "print the time per XLA operation kind",
+    )
+    # Internal: the child process that runs (or only compiles) the members it is given, one
+    # JSON line each.
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--compile_only", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
+def _workers_setting(text: str) -> str:
+    if text != "auto" and not (text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of processes (0: none) or 'auto'")
+    return text
+
+
+BY_NAME = {m.name: m for m in MEMBERS + ARMS}
+
+
 def _members(args) -> list[Member]:
-    if args.only is None:
-        return list(MEMBERS)
-    by_name = {m.name: m for m in MEMBERS}
-    names = [n for n in args.only.split(",") if n]
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise SuiteError(f"--only: no member {', '.join(unknown)}; the suite has {', '.join(by_name)}")
-    return [by_name[n] for n in names]
+    if args.only is not None:
+        names = [n for n in args.only.split(",") if n]
+        unknown = [n for n in names if n not in BY_NAME]
+        if unknown:
+            raise SuiteError(f"--only: no member {', '.join(unknown)}; the suite has {', '.join(BY_NAME)}")
+        return [BY_NAME[n] for n in names]
+    if args.arms:
+        bases = dict.fromkeys(arm.base for arm in ARMS)
+        return [BY_NAME[name] for name in bases] + list(ARMS)
+    return list(MEMBERS)
 
 
 def _bench_argv(member: Member, args) -> list[str]:
@@ -160,12 +253,18 @@ def _bench_argv(member: Member, args) -> list[str]:
     batch, seq = (TINY_BATCH, TINY_SEQ) if args.tiny else (member.batch, member.seq)
     argv = [f"--gin_file={g}" for g in member.gin_files]
     argv += [f"--gin_bindings={b}" for b in member.bindings + (TINY_BINDINGS if args.tiny else ())]
-    return argv + [
-        f"--batch_size={batch}",
-        f"--seq_len={seq}",
-        f"--steps={args.steps}",
-        f"--dtype={args.dtype}",
-    ]
+    if args.profile_dir and not args.compile_only:
+        argv.append(f"--profile_dir={os.path.join(args.profile_dir, member.name)}")
+    return (
+        argv
+        + list(member.options)
+        + [
+            f"--batch_size={batch}",
+            f"--seq_len={seq}",
+            f"--steps={args.steps}",
+            f"--dtype={args.dtype}",
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- the child
@@ -178,17 +277,19 @@ def _child(args) -> None:
 
     from bench import pretrain
 
-    by_name = {m.name: m for m in MEMBERS}
     for name in args.child.split(","):
         start = time.perf_counter()
         out, err = io.StringIO(), io.StringIO()
         gin.clear_config()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                status = pretrain.main(_bench_argv(by_name[name], args))
+                status = pretrain.main(
+                    _bench_argv(BY_NAME[name], args) + ["--compile_only"] * args.compile_only
+                )
         except Exception as e:  # pylint: disable=broad-except  (one member's failure is its row)
             status, err = 1, io.StringIO(f"{type(e).__name__}: {e}")
         line = {"member": name, "wall_seconds": round(time.perf_counter() - start, 2)}
+        line["xla_flags"] = os.environ.get("XLA_FLAGS", "")  # as this process was given them
         lines = out.getvalue().strip().splitlines()
         if status == 0 and lines:
             line["result"] = json.loads(lines[-1])
@@ -201,17 +302,27 @@ def _child(args) -> None:
 # ----------------------------------------------------------------------------- the parent
 
 
-def _ours(members: list[Member], args) -> tuple[dict[str, dict], int]:
-    """({member name: child's line}, child processes started), each member within --timeout
-    seconds."""
+def _in_children(members: list[Member], args, env: dict, ahead: bool = False) -> tuple[dict[str, dict], int]:
+    """({member name: child's line}, child processes started): the members run one after the
+    other in a child process (`ahead`: compiled only), each within --timeout seconds; a
+    child that overruns is killed and a new one goes on with the rest, as does a member
+    with other XLA flags (XLA reads them once per process)."""
     lines: dict[str, dict] = {}
-    pending = [m.name for m in members]
+    queued = list(members)
     processes = 0
-    while pending:
+    while queued:
+        flags = queued[0].xla_flags
+        count = next((i for i, m in enumerate(queued) if m.xla_flags != flags), len(queued))
+        pending, queued = [m.name for m in queued[:count]], queued[count:]
         processes += 1
         command = [sys.executable, "-m", "bench.suite", f"--child={','.join(pending)}"]
         command += [f"--steps={args.steps}", f"--dtype={args.dtype}"] + (["--tiny"] if args.tiny else [])
-        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        command += ["--compile_only"] if ahead else []
+        command += [f"--profile_dir={args.profile_dir}"] if args.profile_dir else []
+        child_env = {**env, "XLA_FLAGS": " ".join((env.get("XLA_FLAGS", ""),) + flags).strip()}
+        child = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env
+        )
         results: queue.Queue = queue.Queue()
         stderr_tail: list[str] = []
         threading.Thread(target=_pump, args=(child.stdout, results.put), daemon=True).start()
@@ -223,7 +334,7 @@ def _ours(members: list[Member], args) -> tuple[dict[str, dict], int]:
             except queue.Empty:
                 child.kill()
                 lines[name] = {"member": name, "error": f"no result within {args.timeout:g} s: killed"}
-                print(json.dumps(lines[name]), flush=True)
+                _print_line(lines[name], ahead)
                 pending.pop(0)
                 break
             if text is None:  # the child died (out of memory, a crash in XLA ...)
@@ -233,17 +344,79 @@ def _ours(members: list[Member], args) -> tuple[dict[str, dict], int]:
                     "member": name,
                     "error": f"the process died (status {child.returncode}): {tail[-1] if tail else ''}",
                 }
-                print(json.dumps(lines[name]), flush=True)
+                _print_line(lines[name], ahead)
                 pending.pop(0)
                 break
             if not text.startswith("{"):
                 continue
             line = json.loads(text)
             lines[line["member"]] = line
-            print(json.dumps(line), flush=True)
+            _print_line(line, ahead)
             pending.remove(line["member"])
         child.wait()
+        queued = [BY_NAME[name] for name in pending] + queued  # after a kill: a new child goes on
     return lines, processes
+
+
+_PRINTING = threading.Lock()  # compile-ahead workers report from threads of their own
+
+
+def _print_line(line: dict, ahead: bool) -> None:
+    with _PRINTING:
+        print(json.dumps({"ahead": line} if ahead else line), flush=True)
+
+
+def compile_workers(setting: str, members: int, cpus: int | None, tpu_host: bool) -> int:
+    """Processes that compile the members ahead (--compile_workers): 'auto' is one per 4 CPU
+    cores, at most one per member; none on a host with fewer than 8 cores (a CPU run, where
+    the compilations would take the cores from each other) or with TPU chips, which one
+    process at a time holds."""
+    if setting != "auto":
+        return min(int(setting), members)
+    cpus = cpus or 1
+    return 0 if cpus < 8 or tpu_host else min(cpus // 4, members)
+
+
+def tpu_host() -> bool:
+    """Whether this host has TPU chips (their device files), asked without starting JAX."""
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _compile_ahead(members: list[Member], workers: int, args, env: dict) -> dict[str, dict]:
+    """{member name: its compile-ahead line}: `workers` child processes at once, each compiling
+    every workers-th member into the persistent cache, before any member is timed."""
+    env = {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # several processes on one accelerator
+    results: list[dict] = [{} for _ in range(workers)]
+
+    def work(i):
+        results[i] = _in_children(members[i::workers], args, env, ahead=True)[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {name: line for result in results for name, line in result.items()}
+
+
+@contextlib.contextmanager
+def _cache_environment(args, workers: int):
+    """The children's environment: with compile-ahead workers or --compilation_cache, JAX's
+    persistent cache in that directory (by default $JAX_COMPILATION_CACHE_DIR, else a
+    temporary one removed at the end), every compilation written to it."""
+    directory = args.compilation_cache or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if not workers and not args.compilation_cache:
+        yield dict(os.environ), directory
+        return
+    with contextlib.ExitStack() as stack:
+        if directory is None:
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_suite_cache_"))
+        env = {
+            **os.environ,
+            "JAX_COMPILATION_CACHE_DIR": directory,
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the states' inits too
+        }
+        yield env, directory
 
 
 def _pump(stream, put) -> None:
@@ -288,16 +461,30 @@ def attention_path(result: dict) -> str:
     return f"{result['attention']}, dropout {rate:g}" if rate else result["attention"]
 
 
-def _table(members: list[Member], ours: dict, peers: dict, args) -> str:
+def ahead_cell(line: dict | None) -> str:
+    """The table's "compiled ahead" cell: init + step compile seconds in a worker, with
+    "(cache)" when the worker itself read both from the cache."""
+    if line is None:
+        return ""
+    if "error" in line:
+        return line["error"]
+    r = line["result"]
+    cached = r["compilation_cache"] and r["compilation_cache"]["hits"] >= r["compilation_cache"]["requests"]
+    return f"{r['init_compile_seconds'] + r['compile_seconds']:.1f}" + (" (cache)" if cached else "")
+
+
+def _table(members: list[Member], ours: dict, ahead: dict, peers: dict, args) -> str:
     rows = [
-        "| member | batch x length | attention | tokens/s | MFU | compile s | overhead s | peer tokens/s "
-        "| ours / peer |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| member | batch x length | attention | tokens/s | MFU | compiled ahead s | compile s | overhead s "
+        "| peer tokens/s | ours / peer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for member in members:
         line = ours[member.name]
         if "error" in line:
-            rows.append(f"| {member.name} | | | {line['error']} | | | | | |")
+            rows.append(
+                f"| {member.name} | | | {line['error']} | | {ahead_cell(ahead.get(member.name))} | | | | |"
+            )
             continue
         r = line["result"]
         peer = peers.get(member.name, {})
@@ -313,10 +500,42 @@ def _table(members: list[Member], ours: dict, peers: dict, args) -> str:
         )
         rows.append(
             f"| {member.name} | {r['batch']} x {r['seq']} | {attention_path(r)} "
-            f"| {r['tokens_per_second']:.0f} | {r['mfu']:.1%} | "
+            f"| {r['tokens_per_second']:.0f} | {r['mfu']:.1%} | {ahead_cell(ahead.get(member.name))} | "
             f"{r['compile_seconds']:.1f} | {overhead_seconds(line, args.steps):.1f} | {peer_rate} | {ratio} |"
         )
     return "\n".join(rows)
+
+
+def lever(arm: Member) -> str:
+    """What an arm changes in its base member, in words for the table."""
+    base = BY_NAME[arm.base]
+    changes = list(arm.xla_flags) + list(arm.options)
+    changes += [b for b in arm.bindings if b not in base.bindings]
+    if (arm.batch, arm.seq) != (base.batch, base.seq):
+        changes.append(f"batch {arm.batch} x {arm.seq}")
+    return ", ".join(changes)
+
+
+def _arms_table(members: list[Member], ours: dict) -> str | None:
+    """Each arm against its base, as a ratio of tokens/s; None when no arm ran with its base."""
+    rows = [
+        "| arm | lever | tokens/s | MFU | against | its tokens/s | arm / base |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in members:
+        if arm.base is None or arm.base not in ours:
+            continue
+        line, base = ours[arm.name], ours[arm.base]
+        if "result" not in line or "result" not in base:
+            error = line.get("error") or f"{arm.base}: {base['error']}"
+            rows.append(f"| {arm.name} | {lever(arm)} | {error} | | {arm.base} | | |")
+            continue
+        r, b = line["result"], base["result"]
+        rows.append(
+            f"| {arm.name} | {lever(arm)} | {r['tokens_per_second']:.0f} | {r['mfu']:.1%} | {arm.base} "
+            f"| {b['tokens_per_second']:.0f} | {r['tokens_per_second'] / b['tokens_per_second']:.3f}x |"
+        )
+    return "\n".join(rows) if len(rows) > 2 else None
 
 
 def _run(args) -> None:
@@ -324,8 +543,12 @@ def _run(args) -> None:
         _child(args)
         return
     members = _members(args)
+    workers = compile_workers(args.compile_workers, len(members), os.cpu_count(), tpu_host())
     start = time.perf_counter()
-    ours, processes = _ours(members, args)
+    with _cache_environment(args, workers) as (env, cache):
+        ahead = _compile_ahead(members, workers, args, env) if workers else {}
+        ahead_seconds = time.perf_counter() - start
+        ours, processes = _in_children(members, args, env)
     peers = {}
     for member in members:
         if member.peer and "result" in ours[member.name]:
@@ -333,13 +556,30 @@ def _run(args) -> None:
             print(json.dumps({"peer": peers[member.name]}), flush=True)
     first = next((line["result"] for line in ours.values() if "result" in line), {})
     seconds = time.perf_counter() - start
-    print(f"\n{len(members)} members, {args.dtype}, on {first.get('device', '?')}, in {seconds:.0f} s\n")
-    print(_table(members, ours, peers, args))
+    print(
+        f"\n{len(members)} members, {args.dtype}, on {first.get('device', '?')}, in {seconds:.0f} s", end=""
+    )
+    if workers:
+        print(f" ({workers} processes compiled them ahead in the first {ahead_seconds:.0f} s)", end="")
+    print(f"; compilation cache: {cache or 'none'}\n")
+    print(_table(members, ours, ahead, peers, args))
+    arms = _arms_table(members, ours)
+    if arms:
+        print(f"\n{arms}")
+    for member in members:
+        profile = ours[member.name].get("result", {}).get("profile")
+        if profile:
+            print(f"\n{member.name}: time per XLA operation ({args.profile_dir}/{member.name})")
+            for row in profile:
+                print(f"  {row['ms_per_step']:10.3f} ms/step  {row['share']:6.1%}  {row['op']}")
     print(
         json.dumps(
             {
                 "ours": [ours[m.name] for m in members],
+                "ahead": [ahead[m.name] for m in members if m.name in ahead],
                 "peer": list(peers.values()),
+                "compile_workers": workers,
+                "ahead_seconds": round(ahead_seconds, 1),
                 "child_processes": processes,
                 "seconds": round(seconds, 1),
             }

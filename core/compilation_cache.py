@@ -95,6 +95,14 @@ def enabled(setting: str, workdir: str) -> Iterator[Usage]:
             # local-path API that cannot write to an object store (gs://).
             jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
         jax_cache.set_cache_dir(path)
+    with counted(path) as usage:
+        yield usage
+
+
+@contextlib.contextmanager
+def counted(path: str | None) -> Iterator[Usage]:
+    """Counts the use of the cache JAX is configured with (at `path`; None: no cache) inside
+    the block, changing nothing: what a benchmark whose environment set the cache reports."""
     usage = Usage(path)
     jax.monitoring.register_event_listener(usage.on_event)
     jax.monitoring.register_event_duration_secs_listener(usage.on_duration)

@@ -89,6 +89,13 @@ class StateFactory:
         with self._partitioner:
             return self._init(rng)
 
+    def compile(self) -> None:
+        """Compiles the init without running it or allocating a state: fills a persistent
+        compilation cache ahead of the process that will call the factory."""
+        key = jax.random.key(0)  # made as a caller makes it: outside the mesh's context
+        with self._partitioner:
+            self._init.lower(key).compile()
+
 
 class CarryFactory:
     """The initial value of an objective's carried state, born sharded like StateFactory's

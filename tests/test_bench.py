@@ -345,7 +345,7 @@ def test_suite_measures_every_member_in_one_process():
     """`bench.suite --tiny`: every member's step (each recipe's objective and attention path)
     in one child process, a JSON line and a table row each; the peer's rows say why they
     are missing."""
-    out, final = _suite("--peer_python=/nonexistent/python")
+    out, final = _suite("--peer_python=/nonexistent/python", "--compile_workers=0")
     assert [line["member"] for line in final["ours"]] == [m.name for m in suite.MEMBERS]
     assert final["child_processes"] == 1
     objectives = {line["member"]: line["result"]["objective"] for line in final["ours"]}
@@ -376,7 +376,7 @@ def test_suite_measures_every_member_in_one_process():
 
 @pytest.mark.slow
 def test_suite_kills_a_member_over_its_time_limit_and_goes_on():
-    out, final = _suite("--only=bert_base_128,electra_base_512", "--timeout=0.5")
+    out, final = _suite("--only=bert_base_128,electra_base_512", "--timeout=0.5", "--compile_workers=0")
     killed = [
         {"member": "bert_base_128", "error": "no result within 0.5 s: killed"},
         {"member": "electra_base_512", "error": "no result within 0.5 s: killed"},
@@ -386,8 +386,63 @@ def test_suite_kills_a_member_over_its_time_limit_and_goes_on():
     assert final["child_processes"] == 2 and final["peer"] == []
 
 
+@pytest.mark.slow(90)
+@pytest.mark.extended
+def test_suite_compiles_ahead_in_parallel_then_times_each_member_from_the_cache(tmp_path):
+    """`--compile_workers=2`: two processes compile the members (an XLA-flag arm among them,
+    with its flags) into the cache before any is timed; the timed processes read each
+    member's init and step from it instead of compiling them; the arm runs in a process of
+    its own with its flags and is reported against its base."""
+    cache = tmp_path / "cache"
+    out, final = _suite(
+        "--only=bert_base_128,electra_base_512,bert_base_128_triton_gemm_off",
+        "--compile_workers=2",
+        f"--compilation_cache={cache}",
+        "--peer_python=/nonexistent/python",
+    )
+    names = ["bert_base_128", "electra_base_512", "bert_base_128_triton_gemm_off"]
+    assert final["compile_workers"] == 2 and [line["member"] for line in final["ahead"]] == names
+    for line in final["ahead"]:
+        compiled = line["result"]
+        assert compiled["name"] == "ours_compiled" and compiled["compile_seconds"] > 0
+        assert compiled["compilation_cache"]["requests"] > compiled["compilation_cache"]["hits"]  # compiled
+    timed = {line["member"]: line for line in final["ours"]}
+    for name in names:
+        use = timed[name]["result"]["compilation_cache"]
+        assert use["hits"] >= 2, (name, use)  # at least the init and the step
+    # The second member of a process compiles nothing: the peak was measured by the first.
+    electra = timed["electra_base_512"]["result"]["compilation_cache"]
+    assert electra["hits"] == electra["requests"]
+    assert "--xla_gpu_enable_triton_gemm=false" in timed["bert_base_128_triton_gemm_off"]["xla_flags"]
+    assert "triton" not in timed["bert_base_128"]["xla_flags"]
+    assert final["child_processes"] == 2  # the arm's flags need a process of their own
+    assert "| bert_base_128_triton_gemm_off | --xla_gpu_enable_triton_gemm=false |" in out
+    assert f"compilation cache: {cache}" in out and any(cache.iterdir())
+
+
+def test_suite_arms_are_the_levers_with_their_bases():
+    args = suite.build_parser().parse_args(["--arms"])
+    members = suite._members(args)
+    assert [m.name for m in members[:2]] == ["bert_base_128", "bert_large_512"]
+    assert members[2:] == list(suite.ARMS) and all(arm.base in suite.BY_NAME for arm in suite.ARMS)
+    assert suite.lever(suite.BY_NAME["bert_base_128_batch_512"]) == "batch 512 x 128"
+    assert suite.lever(suite.BY_NAME["bert_base_128_rbg_dropout"]) == "--dropout_prng=rbg"
+
+
+def test_compile_workers_take_a_quarter_of_the_cores_and_none_on_small_or_tpu_hosts():
+    def workers(setting, members, cpus, tpu_host=False):
+        return suite.compile_workers(setting, members, cpus, tpu_host)
+
+    assert workers("auto", members=10, cpus=2) == 0  # this CPU machine: each compiles as it is timed
+    assert workers("auto", members=10, cpus=16) == 4  # a GPU host
+    assert workers("auto", members=3, cpus=64) == 3
+    assert workers("auto", members=10, cpus=240, tpu_host=True) == 0  # one process holds the chips
+    assert workers("5", members=3, cpus=2) == 3
+    assert workers("0", members=3, cpus=64) == 0
+
+
 def test_suite_names_its_members_on_a_typo(capsys):
     result = cli_run.run(suite.main, ["--only=bert_base"], capsys)
     assert result.returncode == 2 and result.errors() == [
-        "error: --only: no member bert_base; the suite has " + ", ".join(m.name for m in suite.MEMBERS)
+        "error: --only: no member bert_base; the suite has " + ", ".join(suite.BY_NAME)
     ]
