@@ -3,7 +3,7 @@ r"""Training-step benchmark of our pretraining code (the same step `pretrain.tra
     python -m bench.pretrain --gin_file=configs/models/bert_base.gin --batch_size=32 --seq_len=128 \
         [--dtype=bfloat16] [--steps=10] [--num_predictions=20] [--mesh=data:1] \
         [--without=masked_decoding,donation,vocab_padding,f32_accumulation,dropout_bits] [--fused_attention] \
-        [--dropout_prng=rbg] [--scan_layers] [--profile_dir=DIR]
+        [--dropout_prng=rbg] [--scan_layers] [--profile_dir=DIR] [--compile_only]
 
 Builds the real sharded train step (pretrain/step.py `build`, for the gin files' objective,
 by default MLM + NSP; ELECTRA with `--gin_file=configs/models/electra_base.gin
@@ -35,6 +35,9 @@ per step: what an optimisation buys, when the variant turns it off).
 `--profile_dir=DIR` then traces `--steps` more steps with jax.profiler into DIR (open
 it in TensorBoard's profile plugin or Perfetto) and prints the time per XLA operation
 kind, largest first (bench/report.py:profile_steps); the JSON gets the same table.
+`--compile_only` compiles the init and the step (of both variants with `--paired`) into
+the persistent compilation cache that JAX_COMPILATION_CACHE_DIR names, and runs nothing
+(bench.suite's compile-ahead workers); the JSON line is then `ours_compiled`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import time
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from core import cli, prng
+from core.errors import UserError
 
 OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding", "f32_accumulation", "dropout_bits")
 
@@ -137,7 +141,15 @@ def _run(args) -> None:
 
     # The persistent cache the environment configures (JAX_COMPILATION_CACHE_DIR: bench.suite
     # compiles ahead into it), counted so that the JSON says which compilations it served.
-    with compilation_cache.counted(jax.config.jax_compilation_cache_dir or None) as cache:
+    directory = jax.config.jax_compilation_cache_dir or None
+    if args.compile_only:
+        if directory is None:
+            raise UserError(
+                "--compile_only: no compilation cache to fill: set JAX_COMPILATION_CACHE_DIR "
+                "(bench.suite --compile_workers does)"
+            )
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # short inits too
+    with compilation_cache.counted(directory) as cache:
         _measure(args, cache)
 
 
@@ -174,8 +186,8 @@ def _measure(args, cache) -> None:
     rng = jax.random.key(1)
 
     def build(without=frozenset(), fused_attention=False, dropout_prng="threefry", scan_layers=False):
-        """(objective, rows, step, state, device batch) of one variant of our train step
-        (the default step without arguments)."""
+        """(objective, rows, Steps, device batch) of one variant of our train step (the
+        default step without arguments)."""
         config = dataclasses.replace(
             EncoderConfig(),
             dtype=args.dtype,
@@ -226,8 +238,9 @@ def _measure(args, cache) -> None:
             "device": jax.devices()[0].device_kind,
             "batch": batch_size,
             "seq": seq,
+            "variants": len(variants),
         }
-        line |= _compile_ahead([v[2:] for v in variants], partitioner, rng)
+        line |= _compile_without_running([v[2:] for v in variants], partitioner, rng)
         print(
             json.dumps(line | {"build_seconds": round(build_seconds, 2), "compilation_cache": _usage(cache)})
         )
@@ -239,18 +252,20 @@ def _measure(args, cache) -> None:
         "peak_seconds": round(peak_seconds, 2),
         "build_seconds": round(time.perf_counter() - started, 2),
     }
+    extra = {}
     with partitioner:
         timings = report.time_alternately([v[2:] for v in variants], args.steps, args.rounds)
         if args.profile_dir:
+            started = time.perf_counter()
             step, _, device_batch = variants[0][2:]
-            profile = report.profile_steps(
+            extra["profile"] = report.profile_steps(
                 step, step.last_state["state"], device_batch, args.steps, args.profile_dir
             )
+            extra["profile_seconds"] = round(time.perf_counter() - started, 2)
             print(f"profile of {args.steps} steps in {args.profile_dir}; time per XLA operation:")
-            for row in profile:
+            for row in extra["profile"]:
                 print(f"  {row['ms_per_step']:10.1f} ms/step  {row['share']:6.1%}  {row['op']}")
     objective, batch = variants[0][:2]
-    extra = {"profile": profile} if args.profile_dir else {}
     if args.paired:
         extra["default_seconds_per_step"] = round(timings[1][1], 6)
         extra["default_compile_seconds"] = round(timings[1][0], 2)
@@ -281,9 +296,10 @@ def _measure(args, cache) -> None:
     )
 
 
-def _compile_ahead(variants, partitioner, rng) -> dict:
-    """Compiles each (steps, device batch)'s init and train step without running them or
-    allocating a state; {"init_compile_seconds", "compile_seconds"} summed over the variants."""
+def _compile_without_running(variants, partitioner, rng) -> dict:
+    """Compiles each (Steps, device batch)'s init and train step without running them or
+    allocating a state; {"init_compile_seconds", "step_compile_seconds"} summed over the
+    variants."""
     init_seconds = step_seconds = 0.0
     for steps, device_batch in variants:
         started = time.perf_counter()
@@ -293,7 +309,7 @@ def _compile_ahead(variants, partitioner, rng) -> dict:
         with partitioner:  # as the timed steps run: the mesh's axis rules shape the program
             steps.train_step.lower(steps.states.abstract, device_batch, rng).compile()
         step_seconds += time.perf_counter() - started
-    return {"init_compile_seconds": round(init_seconds, 2), "compile_seconds": round(step_seconds, 2)}
+    return {"init_compile_seconds": round(init_seconds, 2), "step_compile_seconds": round(step_seconds, 2)}
 
 
 def _usage(cache) -> dict | None:

@@ -7,8 +7,8 @@ r"""One call measures the family: every member's train step at its recipe's shap
 For each member of MEMBERS (a model file and its recipe, at the batch and length the issue
 of record measures), `bench.pretrain` times our step with the recipe's objective, dropout
 and attention path (`EncoderConfig.attention_implementation`, default 'auto': the
-platform's pick). All members run in one child process, one after the other, so the
-imports, the backend's start and the peak measurement's warm-up are paid once; a member
+platform's pick). All members with the same XLA flags run in one child process, one after
+the other, so the imports, the backend's start and the peak measurement are paid once; a member
 that gives no result within `--timeout` seconds (its compilation included; the first
 member's also covers the child's start) is killed and reported, and a new child goes on
 with the next. The peer (HF Flax BERT, bench/peer_hf.py, in its own virtualenv: `make
@@ -50,7 +50,7 @@ import time
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from bench.compare import peer_command
-from core import cli
+from core import cli, compilation_cache
 from core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,14 +150,16 @@ ARMS = (
         options=("--dropout_prng=rbg",),
         base="bert_base_128",
     ),
+    # Remat costs recomputation; it pays only where it lets a larger batch fit.
     Member(
-        "bert_large_512_remat_batch_64",
+        "bert_large_512_remat",
         BERT_LARGE,
-        64,
+        32,
         512,
         bindings=("EncoderConfig.remat_policy = 'dots_saveable'",),
         base="bert_large_512",
     ),
+    Member("bert_large_512_batch_64", BERT_LARGE, 64, 512, base="bert_large_512"),
 )
 # --tiny: every member's structure (objective, embeddings, attention kind) at a size a CPU
 # compiles in seconds.
@@ -182,7 +184,10 @@ def build_parser():
     )
     parser.add_argument("--steps", type=cli.positive_int, default=10, help="timed steps per member")
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds a member may take, its compilation included"
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds a member may take, its compilation included (and again to be compiled ahead)",
     )
     parser.add_argument(
         "--only",
@@ -192,7 +197,8 @@ def build_parser():
     parser.add_argument(
         "--arms",
         action="store_true",
-        help="run the levers (ARMS) and the members they are measured against, instead of the family",
+        help=f"instead of the family, the levers ({', '.join(a.name for a in ARMS)}) and the members "
+        "they are measured against",
     )
     parser.add_argument(
         "--peer_python", default=".venv-peer/bin/python", help="python of the peer's virtualenv"
@@ -216,6 +222,7 @@ def build_parser():
     parser.add_argument(
         "--profile_dir",
         default=None,
+        metavar="DIR",
         help="also trace --steps more steps of each member with jax.profiler into DIR/<member> and "
         "print the time per XLA operation kind",
     )
@@ -236,6 +243,8 @@ BY_NAME = {m.name: m for m in MEMBERS + ARMS}
 
 
 def _members(args) -> list[Member]:
+    if args.only is not None and args.arms:
+        raise SuiteError("--only and --arms: name the arms and their bases in --only, or give --arms alone")
     if args.only is not None:
         names = [n for n in args.only.split(",") if n]
         unknown = [n for n in names if n not in BY_NAME]
@@ -275,17 +284,22 @@ def _child(args) -> None:
     per member: {"member", "result"} or {"member", "error"}, and "wall_seconds"."""
     import gin
 
-    from bench import pretrain
+    from bench import pretrain, report
 
-    for name in args.child.split(","):
-        start = time.perf_counter()
+    start = time.perf_counter()  # the first member's wall time includes the peak
+    if not args.compile_only:
+        # Once per process, before any member exists (report.py), and outside the members'
+        # counts of the compilation cache, which then count only what each member compiles.
+        report.matmul_peak_flops(args.dtype)
+    peak_seconds = time.perf_counter() - start
+    for i, name in enumerate(args.child.split(",")):
+        start = start if i == 0 else time.perf_counter()
         out, err = io.StringIO(), io.StringIO()
         gin.clear_config()
+        argv = _bench_argv(BY_NAME[name], args) + (["--compile_only"] if args.compile_only else [])
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                status = pretrain.main(
-                    _bench_argv(BY_NAME[name], args) + ["--compile_only"] * args.compile_only
-                )
+                status = pretrain.main(argv)
         except Exception as e:  # pylint: disable=broad-except  (one member's failure is its row)
             status, err = 1, io.StringIO(f"{type(e).__name__}: {e}")
         line = {"member": name, "wall_seconds": round(time.perf_counter() - start, 2)}
@@ -293,6 +307,8 @@ def _child(args) -> None:
         lines = out.getvalue().strip().splitlines()
         if status == 0 and lines:
             line["result"] = json.loads(lines[-1])
+            if i == 0 and not args.compile_only:  # bench.pretrain read the peak measured above
+                line["result"]["peak_seconds"] = round(peak_seconds, 2)
         else:
             errors = [x for x in err.getvalue().splitlines() if x.strip()]
             line["error"] = errors[-1] if errors else f"exit status {status}"
@@ -302,15 +318,18 @@ def _child(args) -> None:
 # ----------------------------------------------------------------------------- the parent
 
 
-def _in_children(members: list[Member], args, env: dict, ahead: bool = False) -> tuple[dict[str, dict], int]:
+def _in_children(
+    members: list[Member], args, env: dict, ahead: bool = False, stop: threading.Event | None = None
+) -> tuple[dict[str, dict], int]:
     """({member name: child's line}, child processes started): the members run one after the
     other in a child process (`ahead`: compiled only), each within --timeout seconds; a
-    child that overruns is killed and a new one goes on with the rest, as does a member
-    with other XLA flags (XLA reads them once per process)."""
+    child that overruns is killed and a new one goes on with the rest. Members with other
+    XLA flags run in a child of their own (XLA reads them once per process), so the members
+    are grouped by their flags. `stop` set: no new child starts."""
     lines: dict[str, dict] = {}
-    queued = list(members)
+    queued = sorted(members, key=lambda m: m.xla_flags)  # stable: the given order within a group
     processes = 0
-    while queued:
+    while queued and not (stop and stop.is_set()):
         flags = queued[0].xla_flags
         count = next((i for i, m in enumerate(queued) if m.xla_flags != flags), len(queued))
         pending, queued = [m.name for m in queued[:count]], queued[count:]
@@ -323,39 +342,52 @@ def _in_children(members: list[Member], args, env: dict, ahead: bool = False) ->
         child = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env
         )
-        results: queue.Queue = queue.Queue()
-        stderr_tail: list[str] = []
-        threading.Thread(target=_pump, args=(child.stdout, results.put), daemon=True).start()
-        threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
-        while pending:
-            name = pending[0]
-            try:
-                text = results.get(timeout=args.timeout)
-            except queue.Empty:
+        try:
+            _read_child(child, pending, lines, args.timeout, ahead)
+        finally:  # also on Ctrl-C: no child outlives the suite
+            if child.poll() is None:
                 child.kill()
-                lines[name] = {"member": name, "error": f"no result within {args.timeout:g} s: killed"}
-                _print_line(lines[name], ahead)
-                pending.pop(0)
-                break
-            if text is None:  # the child died (out of memory, a crash in XLA ...)
-                child.wait()
-                tail = [x.strip() for x in stderr_tail if x and x.strip()]
-                lines[name] = {
-                    "member": name,
-                    "error": f"the process died (status {child.returncode}): {tail[-1] if tail else ''}",
-                }
-                _print_line(lines[name], ahead)
-                pending.pop(0)
-                break
-            if not text.startswith("{"):
-                continue
+            child.wait()
+        queued = [BY_NAME[name] for name in pending] + queued  # after a kill: a new child goes on
+    return lines, processes
+
+
+def _read_child(
+    child: subprocess.Popen, pending: list[str], lines: dict, timeout: float, ahead: bool
+) -> None:
+    """Reads the child's line for each pending member into `lines`, removing it from `pending`;
+    returns when all are in, or after the member it waited for overran `timeout` seconds (the
+    child is killed) or the child died, either of which is that member's line."""
+    results: queue.Queue = queue.Queue()
+    stderr_tail: list[str] = []
+    threading.Thread(target=_pump, args=(child.stdout, results.put), daemon=True).start()
+    threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
+    while pending:
+        name = pending[0]
+        try:
+            text = results.get(timeout=timeout)
+        except queue.Empty:
+            child.kill()
+            lines[name] = {"member": name, "error": f"no result within {timeout:g} s: killed"}
+            _print_line(lines[name], ahead)
+            pending.pop(0)
+            return
+        if text is None:  # the child died (out of memory, a crash in XLA ...)
+            child.wait()
+            tail = [x.strip() for x in stderr_tail if x and x.strip()]
+            error = f"the process died (status {child.returncode}): {tail[-1] if tail else ''}"
+            lines[name] = {"member": name, "error": error}
+            _print_line(lines[name], ahead)
+            pending.pop(0)
+            return
+        try:
             line = json.loads(text)
+        except json.JSONDecodeError:
+            continue  # not the child's report (a library writing to stdout)
+        if isinstance(line, dict) and line.get("member") in pending:
             lines[line["member"]] = line
             _print_line(line, ahead)
             pending.remove(line["member"])
-        child.wait()
-        queued = [BY_NAME[name] for name in pending] + queued  # after a kill: a new child goes on
-    return lines, processes
 
 
 _PRINTING = threading.Lock()  # compile-ahead workers report from threads of their own
@@ -387,23 +419,28 @@ def _compile_ahead(members: list[Member], workers: int, args, env: dict) -> dict
     every workers-th member into the persistent cache, before any member is timed."""
     env = {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # several processes on one accelerator
     results: list[dict] = [{} for _ in range(workers)]
+    stop = threading.Event()
 
     def work(i):
-        results[i] = _in_children(members[i::workers], args, env, ahead=True)[0]
+        results[i] = _in_children(members[i::workers], args, env, ahead=True, stop=stop)[0]
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    finally:  # Ctrl-C: the workers' children die with it (SIGINT); no new ones start
+        stop.set()
     return {name: line for result in results for name, line in result.items()}
 
 
 @contextlib.contextmanager
 def _cache_environment(args, workers: int):
-    """The children's environment: with compile-ahead workers or --compilation_cache, JAX's
-    persistent cache in that directory (by default $JAX_COMPILATION_CACHE_DIR, else a
-    temporary one removed at the end), every compilation written to it."""
+    """(the children's environment, its cache directory or None): with compile-ahead workers
+    or --compilation_cache, JAX's persistent cache in that directory (by default
+    $JAX_COMPILATION_CACHE_DIR, else a temporary one removed at the end), every compilation
+    written to it; otherwise the environment as it is."""
     directory = args.compilation_cache or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if not workers and not args.compilation_cache:
         yield dict(os.environ), directory
@@ -411,12 +448,9 @@ def _cache_environment(args, workers: int):
     with contextlib.ExitStack() as stack:
         if directory is None:
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_suite_cache_"))
-        env = {
-            **os.environ,
-            "JAX_COMPILATION_CACHE_DIR": directory,
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the states' inits too
-        }
-        yield env, directory
+        elif "://" not in directory:
+            directory = os.path.abspath(directory)  # the children run in the repository's root
+        yield {**os.environ, **compilation_cache.environment(directory)}, directory
 
 
 def _pump(stream, put) -> None:
@@ -451,7 +485,7 @@ def overhead_seconds(line: dict, steps: int) -> float:
     """What a member cost beyond its compilation and its warm-up and timed steps: imports
     (the first member), the peak measurement, building the state, host transfers."""
     result = line["result"]
-    stepping = (WARMUP_STEPS + steps) * result["seconds_per_step"]
+    stepping = (WARMUP_STEPS + steps) * result["seconds_per_step"] + result.get("profile_seconds", 0)
     return round(line["wall_seconds"] - result["compile_seconds"] - stepping, 2)
 
 
@@ -470,7 +504,7 @@ def ahead_cell(line: dict | None) -> str:
         return line["error"]
     r = line["result"]
     cached = r["compilation_cache"] and r["compilation_cache"]["hits"] >= r["compilation_cache"]["requests"]
-    return f"{r['init_compile_seconds'] + r['compile_seconds']:.1f}" + (" (cache)" if cached else "")
+    return f"{r['init_compile_seconds'] + r['step_compile_seconds']:.1f}" + (" (cache)" if cached else "")
 
 
 def _table(members: list[Member], ours: dict, ahead: dict, peers: dict, args) -> str:
@@ -543,7 +577,9 @@ def _run(args) -> None:
         _child(args)
         return
     members = _members(args)
-    workers = compile_workers(args.compile_workers, len(members), os.cpu_count(), tpu_host())
+    if args.profile_dir:
+        args.profile_dir = os.path.abspath(args.profile_dir)  # the children run in the repository's root
+    workers = compile_workers(args.compile_workers, len(members), len(os.sched_getaffinity(0)), tpu_host())
     start = time.perf_counter()
     with _cache_environment(args, workers) as (env, cache):
         ahead = _compile_ahead(members, workers, args, env) if workers else {}

@@ -90,13 +90,27 @@ def enabled(setting: str, workdir: str) -> Iterator[Usage]:
     jax_cache.reset_cache()
     jax.config.update("jax_enable_compilation_cache", path is not None)
     if path is not None:
-        if "://" in path and not os.environ.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"):
-            # JAX would also point XLA's GPU autotuning cache into the directory, through a
-            # local-path API that cannot write to an object store (gs://).
+        if _keep_xla_caches_off(path):
             jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
         jax_cache.set_cache_dir(path)
     with counted(path) as usage:
         yield usage
+
+
+def environment(path: str) -> dict[str, str]:
+    """The environment variables that point a child process's JAX at the cache `path`, every
+    compilation written to it (a benchmark's inits that compile in under a second too)."""
+    env = {"JAX_COMPILATION_CACHE_DIR": path, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    if _keep_xla_caches_off(path):
+        env["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = "none"
+    return env
+
+
+def _keep_xla_caches_off(path: str) -> bool:
+    """Whether to keep XLA's own caches out of `path`: JAX would also point XLA's GPU
+    autotuning cache into the directory, through a local-path API that cannot write to an
+    object store (gs://); unless the environment chose."""
+    return "://" in path and not os.environ.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES")
 
 
 @contextlib.contextmanager
