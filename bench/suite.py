@@ -4,24 +4,24 @@ r"""One call measures the family: every member's train step at its recipe's shap
         [--arms] [--compile_workers=auto|N] [--compilation_cache=DIR] [--profile_dir=DIR] \
         [--peer_python=.venv-peer/bin/python] [--tiny]
 
-For each member of MEMBERS (a model file and its recipe, at the batch and length the issue
-of record measures), `bench.pretrain` times our step with the recipe's objective, dropout
-and attention path (`EncoderConfig.attention_implementation`, default 'auto': the
-platform's pick). All members with the same XLA flags run in one child process, one after
-the other, so the imports, the backend's start and the peak measurement are paid once; a member
-that gives no result within `--timeout` seconds (its compilation included; the first
-member's also covers the child's start) is killed and reported, and a new child goes on
-with the next. The peer (HF Flax BERT, bench/peer_hf.py, in its own virtualenv: `make
-bench-peer-venv`) is timed at BERT-base 128 and BERT-large 512 with our model config;
-without its virtualenv those rows say so.
+For each member of MEMBERS (bench/suite_members.py: a model file and its recipe, at the
+batch and length the recipe trains), `bench.pretrain` times our step with the recipe's
+objective, dropout and attention path (`EncoderConfig.attention_implementation`, default
+'auto': the platform's pick). All members with the same XLA flags run in one child
+process, one after the other, so the imports, the backend's start and the peak
+measurement are paid once; a member that gives no result within `--timeout` seconds (its
+compilation included; the first member's also covers the child's start) is killed and
+reported, and a new child goes on with the next. The peer (HF Flax BERT,
+bench/peer_hf.py, in its own virtualenv: `make bench-peer-venv`) is timed at BERT-base
+128 and BERT-large 512 with our model config; without its virtualenv those rows say so.
 
 Compiling is most of a suite's time on an accelerator (40-50 s per member on an H200), so
 on a host with the cores for it `--compile_workers` processes first compile every member's
 init and step at once (`bench.pretrain --compile_only`) into JAX's persistent compilation
 cache; then the members are timed one after the other, alone on the device, each reading
-its executables from the cache. `--arms` runs ARMS instead, the levers to try one at a
-time (XLA flags, batch, remat, the dropout PRNG), each against the member it changes;
-`--profile_dir` adds each member's time per XLA operation.
+its executables from the cache. `--arms` runs ARMS instead (bench/suite_members.py), the
+levers to try one at a time (XLA flags, batch, remat, the dropout PRNG), each against the
+member it changes; `--profile_dir` adds each member's time per XLA operation.
 
 Prints one JSON line per run as it finishes, then a markdown table (tokens/s, MFU against
 the matmul peak measured in the same process, the compile seconds ahead and in the timed
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import glob
 import io
 import json
@@ -50,128 +49,16 @@ import time
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from bench.compare import peer_command
+from bench.suite_members import ARMS, BY_NAME, MEMBERS, TINY_BATCH, TINY_BINDINGS, TINY_SEQ, Member
+from bench.suite_tables import arms_table, table
 from core import cli, compilation_cache
 from core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WARMUP_STEPS = 2  # bench.pretrain's warm-up steps before the timed ones
 
 
 class SuiteError(UserError):
     """A suite that cannot run (one line)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Member:
-    """One row of the suite: our step for these gin files at batch x seq."""
-
-    name: str
-    gin_files: tuple[str, ...]
-    batch: int
-    seq: int
-    peer: bool = False  # also time HF Flax BERT at this shape
-    bindings: tuple[str, ...] = ()  # gin bindings after the files (an ablation arm)
-    options: tuple[str, ...] = ()  # bench.pretrain's own flags (e.g. --dropout_prng=rbg)
-    xla_flags: tuple[str, ...] = ()  # added to XLA_FLAGS of the member's process
-    base: str | None = None  # an arm: the member it is measured against
-
-
-BERT_BASE = ("configs/models/bert_base.gin", "configs/recipes/bert.gin")
-BERT_LARGE = ("configs/models/bert_large.gin", "configs/recipes/bert.gin")
-MEMBERS = (
-    Member("bert_base_128", BERT_BASE, 256, 128, True),
-    Member("bert_large_512", BERT_LARGE, 32, 512, True),
-    # What BERT's attention dropout costs: without it 'auto' takes the platform's fused kernel.
-    Member(
-        "bert_large_512_no_attention_dropout",
-        BERT_LARGE,
-        32,
-        512,
-        bindings=("EncoderConfig.attention_dropout_rate = 0.0",),
-    ),
-    # BERT's attention dropout in our flash kernel (opt-in until this row beats bert_large_512).
-    Member(
-        "bert_large_512_flash",
-        BERT_LARGE,
-        32,
-        512,
-        bindings=("EncoderConfig.attention_implementation = 'flash'",),
-    ),
-    Member(
-        "roberta_large_512",
-        ("configs/models/roberta_large.gin", "configs/recipes/roberta_large.gin"),
-        32,
-        512,
-    ),
-    Member(
-        "albert_xxlarge_512", ("configs/models/albert_xxlarge.gin", "configs/recipes/albert.gin"), 32, 512
-    ),
-    Member(
-        "electra_base_512", ("configs/models/electra_base.gin", "configs/recipes/electra_base.gin"), 32, 512
-    ),
-    Member(
-        "spanbert_large_512", ("configs/models/spanbert_large.gin", "configs/recipes/spanbert.gin"), 32, 512
-    ),
-    Member(
-        "deberta_v3_base_512",
-        ("configs/models/deberta_v3_base.gin", "configs/recipes/deberta_v3.gin"),
-        32,
-        512,
-    ),
-    # Both streams and the recipe's 384 memory positions; 80 targets per row (bench.pretrain's
-    # P at 512, where the recipe has 85).
-    Member("xlnet_base_512", ("configs/models/xlnet_base.gin", "configs/recipes/xlnet.gin"), 32, 512),
-)
-# The levers to try on an accelerator, each alone against the member it changes (`--arms`
-# runs them with their bases; --only names any). XLA's flags need a process of their own.
-ARMS = (
-    Member(
-        "bert_base_128_triton_gemm_off",
-        BERT_BASE,
-        256,
-        128,
-        xla_flags=("--xla_gpu_enable_triton_gemm=false",),
-        base="bert_base_128",
-    ),
-    Member(
-        "bert_base_128_cudnn_layer_norm",
-        BERT_BASE,
-        256,
-        128,
-        xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",),
-        base="bert_base_128",
-    ),
-    Member("bert_base_128_batch_512", BERT_BASE, 512, 128, base="bert_base_128"),
-    Member(
-        "bert_base_128_rbg_dropout",
-        BERT_BASE,
-        256,
-        128,
-        options=("--dropout_prng=rbg",),
-        base="bert_base_128",
-    ),
-    # Remat costs recomputation; it pays only where it lets a larger batch fit.
-    Member(
-        "bert_large_512_remat",
-        BERT_LARGE,
-        32,
-        512,
-        bindings=("EncoderConfig.remat_policy = 'dots_saveable'",),
-        base="bert_large_512",
-    ),
-    Member("bert_large_512_batch_64", BERT_LARGE, 64, 512, base="bert_large_512"),
-)
-# --tiny: every member's structure (objective, embeddings, attention kind) at a size a CPU
-# compiles in seconds.
-TINY_BINDINGS = (
-    "EncoderConfig.num_layers = 1",
-    "EncoderConfig.hidden_size = 64",
-    "EncoderConfig.num_heads = 2",
-    "EncoderConfig.intermediate_size = 128",
-    "EncoderConfig.vocab_size = 512",
-    "REUSE_LEN = 16",  # XLNet's reused part, within the tiny rows (a macro the others leave unread)
-)
-TINY_BATCH, TINY_SEQ = 2, 32
 
 
 def build_parser():
@@ -237,9 +124,6 @@ def _workers_setting(text: str) -> str:
     if text != "auto" and not (text.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r}: a number of processes (0: none) or 'auto'")
     return text
-
-
-BY_NAME = {m.name: m for m in MEMBERS + ARMS}
 
 
 def _members(args) -> list[Member]:
@@ -481,97 +365,6 @@ def _peer(member: Member, ours: dict, args) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def overhead_seconds(line: dict, steps: int) -> float:
-    """What a member cost beyond its compilation and its warm-up and timed steps: imports
-    (the first member), the peak measurement, building the state, host transfers."""
-    result = line["result"]
-    stepping = (WARMUP_STEPS + steps) * result["seconds_per_step"] + result.get("profile_seconds", 0)
-    return round(line["wall_seconds"] - result["compile_seconds"] - stepping, 2)
-
-
-def attention_path(result: dict) -> str:
-    """The attention path the member's train step took (bench.pretrain's `attention`)."""
-    rate = result["config"]["attention_dropout_rate"]
-    return f"{result['attention']}, dropout {rate:g}" if rate else result["attention"]
-
-
-def ahead_cell(line: dict | None) -> str:
-    """The table's "compiled ahead" cell: init + step compile seconds in a worker, with
-    "(cache)" when the worker itself read both from the cache."""
-    if line is None:
-        return ""
-    if "error" in line:
-        return line["error"]
-    r = line["result"]
-    cached = r["compilation_cache"] and r["compilation_cache"]["hits"] >= r["compilation_cache"]["requests"]
-    return f"{r['init_compile_seconds'] + r['step_compile_seconds']:.1f}" + (" (cache)" if cached else "")
-
-
-def _table(members: list[Member], ours: dict, ahead: dict, peers: dict, args) -> str:
-    rows = [
-        "| member | batch x length | attention | tokens/s | MFU | compiled ahead s | compile s | overhead s "
-        "| peer tokens/s | ours / peer |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for member in members:
-        line = ours[member.name]
-        if "error" in line:
-            rows.append(
-                f"| {member.name} | | | {line['error']} | | {ahead_cell(ahead.get(member.name))} | | | | |"
-            )
-            continue
-        r = line["result"]
-        peer = peers.get(member.name, {})
-        peer_rate = (
-            f"{peer['tokens_per_second']:.0f}"
-            if "tokens_per_second" in peer
-            else peer.get("note", peer.get("error", ""))
-        )
-        ratio = (
-            f"{r['tokens_per_second'] / peer['tokens_per_second']:.2f}x"
-            if "tokens_per_second" in peer
-            else ""
-        )
-        rows.append(
-            f"| {member.name} | {r['batch']} x {r['seq']} | {attention_path(r)} "
-            f"| {r['tokens_per_second']:.0f} | {r['mfu']:.1%} | {ahead_cell(ahead.get(member.name))} | "
-            f"{r['compile_seconds']:.1f} | {overhead_seconds(line, args.steps):.1f} | {peer_rate} | {ratio} |"
-        )
-    return "\n".join(rows)
-
-
-def lever(arm: Member) -> str:
-    """What an arm changes in its base member, in words for the table."""
-    base = BY_NAME[arm.base]
-    changes = list(arm.xla_flags) + list(arm.options)
-    changes += [b for b in arm.bindings if b not in base.bindings]
-    if (arm.batch, arm.seq) != (base.batch, base.seq):
-        changes.append(f"batch {arm.batch} x {arm.seq}")
-    return ", ".join(changes)
-
-
-def _arms_table(members: list[Member], ours: dict) -> str | None:
-    """Each arm against its base, as a ratio of tokens/s; None when no arm ran with its base."""
-    rows = [
-        "| arm | lever | tokens/s | MFU | against | its tokens/s | arm / base |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for arm in members:
-        if arm.base is None or arm.base not in ours:
-            continue
-        line, base = ours[arm.name], ours[arm.base]
-        if "result" not in line or "result" not in base:
-            error = line.get("error") or f"{arm.base}: {base['error']}"
-            rows.append(f"| {arm.name} | {lever(arm)} | {error} | | {arm.base} | | |")
-            continue
-        r, b = line["result"], base["result"]
-        rows.append(
-            f"| {arm.name} | {lever(arm)} | {r['tokens_per_second']:.0f} | {r['mfu']:.1%} | {arm.base} "
-            f"| {b['tokens_per_second']:.0f} | {r['tokens_per_second'] / b['tokens_per_second']:.3f}x |"
-        )
-    return "\n".join(rows) if len(rows) > 2 else None
-
-
 def _run(args) -> None:
     if args.child:
         _child(args)
@@ -598,8 +391,8 @@ def _run(args) -> None:
     if workers:
         print(f" ({workers} processes compiled them ahead in the first {ahead_seconds:.0f} s)", end="")
     print(f"; compilation cache: {cache or 'none'}\n")
-    print(_table(members, ours, ahead, peers, args))
-    arms = _arms_table(members, ours)
+    print(table(members, ours, ahead, peers, args.steps))
+    arms = arms_table(members, ours)
     if arms:
         print(f"\n{arms}")
     for member in members:

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from bench import input_pipeline, report, suite
+from bench import input_pipeline, report, suite, suite_members
 from bench.pretrain import OPTIMISATIONS
 from core import optim
 from data.pipeline_config import PipelineConfig
@@ -368,7 +368,7 @@ def test_suite_measures_every_member_in_one_process():
     in one child process, a JSON line and a table row each; the peer's rows say why they
     are missing."""
     out, final = _suite("--peer_python=/nonexistent/python", "--compile_workers=0")
-    assert [line["member"] for line in final["ours"]] == [m.name for m in suite.MEMBERS]
+    assert [line["member"] for line in final["ours"]] == [m.name for m in suite_members.MEMBERS]
     assert final["child_processes"] == 1
     objectives = {line["member"]: line["result"]["objective"] for line in final["ours"]}
     assert objectives == {
@@ -451,11 +451,14 @@ def test_suite_arms_are_the_levers_with_their_bases():
     args = suite.build_parser().parse_args(["--arms"])
     members = suite._members(args)
     assert [m.name for m in members[:2]] == ["bert_base_128", "bert_large_512"]
-    assert members[2:] == list(suite.ARMS) and all(arm.base in suite.BY_NAME for arm in suite.ARMS)
-    assert suite.lever(suite.BY_NAME["bert_base_128_batch_512"]) == "batch 512 x 128"
-    assert suite.lever(suite.BY_NAME["bert_base_128_rbg_dropout"]) == "--dropout_prng=rbg"
+    assert members[2:] == list(suite_members.ARMS) and all(
+        arm.base in suite_members.BY_NAME for arm in suite_members.ARMS
+    )
+    assert suite_members.lever(suite_members.BY_NAME["bert_base_128_batch_512"]) == "batch 512 x 128"
+    assert suite_members.lever(suite_members.BY_NAME["bert_base_128_rbg_dropout"]) == "--dropout_prng=rbg"
     assert (
-        suite.lever(suite.BY_NAME["bert_large_512_remat"]) == "EncoderConfig.remat_policy = 'dots_saveable'"
+        suite_members.lever(suite_members.BY_NAME["bert_large_512_remat"])
+        == "EncoderConfig.remat_policy = 'dots_saveable'"
     )
     both = suite.build_parser().parse_args(["--arms", "--only=bert_base_128"])
     with pytest.raises(suite.SuiteError, match="--only and --arms"):
@@ -477,5 +480,5 @@ def test_compile_workers_take_a_quarter_of_the_cores_and_none_on_small_or_tpu_ho
 def test_suite_names_its_members_on_a_typo(capsys):
     result = cli_run.run(suite.main, ["--only=bert_base"], capsys)
     assert result.returncode == 2 and result.errors() == [
-        "error: --only: no member bert_base; the suite has " + ", ".join(suite.BY_NAME)
+        "error: --only: no member bert_base; the suite has " + ", ".join(suite_members.BY_NAME)
     ]
