@@ -41,6 +41,7 @@ def table(members: list[Member], ours: dict, ahead: dict, peers: dict, steps: in
         "| peer tokens/s | ours / peer |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    notes: dict[str, None] = {}
     for member in members:
         line = ours[member.name]
         if "error" in line:
@@ -50,11 +51,13 @@ def table(members: list[Member], ours: dict, ahead: dict, peers: dict, steps: in
             continue
         r = line["result"]
         peer = peers.get(member.name, {})
-        peer_rate = (
-            f"{peer['tokens_per_second']:.0f}"
-            if "tokens_per_second" in peer
-            else peer.get("note", peer.get("error", ""))
-        )
+        if "tokens_per_second" in peer:
+            peer_rate = f"{peer['tokens_per_second']:.0f}"
+        elif "note" in peer:  # the same for every row (no virtualenv): said once, under the table
+            notes[peer["note"]] = None
+            peer_rate = "n/a*"
+        else:
+            peer_rate = peer.get("error", "")
         ratio = (
             f"{r['tokens_per_second'] / peer['tokens_per_second']:.2f}x"
             if "tokens_per_second" in peer
@@ -65,7 +68,7 @@ def table(members: list[Member], ours: dict, ahead: dict, peers: dict, steps: in
             f"| {r['tokens_per_second']:.0f} | {r['mfu']:.1%} | {ahead_cell(ahead.get(member.name))} | "
             f"{r['compile_seconds']:.1f} | {overhead_seconds(line, steps):.1f} | {peer_rate} | {ratio} |"
         )
-    return "\n".join(rows)
+    return "\n".join(rows + [f"\n* {note}" for note in notes])
 
 
 def arms_table(members: list[Member], ours: dict) -> str | None:

@@ -254,7 +254,7 @@ def setup_logging(is_main_process: bool = True) -> None:
         datefmt="%H:%M:%S",
         force=True,
     )
-    for chatty in ("absl", "jax._src.xla_bridge", "orbax"):
+    for chatty in ("absl", "jax._src.xla_bridge", "jax._src.compilation_cache", "orbax"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     jax = sys.modules.get("jax")  # joined a cluster already (initialize_distributed runs first)
     if jax is not None and jax.process_count() > 1:

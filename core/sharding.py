@@ -76,8 +76,9 @@ def parse_mesh(spec: str | None, num_devices: int) -> dict[str, int]:
         sizes[rest[0]] = num_devices // known
     if math.prod(sizes.values()) != num_devices:
         raise MeshError(
-            f"--mesh {spec!r} has {math.prod(sizes.values())} devices but {num_devices} are "
-            "available: the product of the axis sizes must equal the device count"
+            f"--mesh {spec!r} has {math.prod(sizes.values())} devices but "
+            f"{num_devices} {'is' if num_devices == 1 else 'are'} available: the product of the axis "
+            "sizes must equal the device count"
         )
     return sizes
 

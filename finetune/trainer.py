@@ -361,7 +361,7 @@ def finetune(
             epoch,
             run.num_epochs,
             train_loss,
-            "  ".join(f"{f}:{m}={v:.4f}" for f, vals in dev_values.items() for m, v in vals.items()),
+            _dev_text(dev_values),
             f"{speed['steps_per_second']:.2f} steps/s  {speed['tokens_per_second']:.0f} tokens/s"
             if speed
             else "",
@@ -372,3 +372,14 @@ def finetune(
             best = (score, epoch, dev_values, test_logits)
     score, best_epoch, dev_values, test_logits = best
     return RunResult(history, best_epoch, dev_values, score, test_logits, time.time() - start)
+
+
+def _dev_text(dev_values: dict[str, dict[str, float]]) -> str:
+    """'accuracy=0.9180' for a task's one dev file; each metric named with its file where there
+    are several (MNLI: 'dev_matched:accuracy=0.8412  dev_mismatched:accuracy=0.8390')."""
+    named = len(dev_values) > 1
+    return "  ".join(
+        f"{f + ':' if named else ''}{m}={v:.4f}"
+        for f, values in dev_values.items()
+        for m, v in values.items()
+    )

@@ -49,7 +49,12 @@ def _tokenizer(workdir: str, vocab_size: int):
     if not os.path.exists(os.path.join(path, "vocab.txt")):
         docs = (d.sentences for d in corpora.demo_documents() if not corpora.is_heldout(d, 0.05))
         tokenizers.train_wordpiece(docs, vocab_size).save(path)
-    return tokenizers.load_tokenizer(path)
+        tokenizer = tokenizers.load_tokenizer(path)
+        print(f"{path}: {tokenizer.vocab_size} wordpieces (at most {vocab_size}: all this corpus yields)")
+        return tokenizer
+    tokenizer = tokenizers.load_tokenizer(path)
+    print(f"{path} is up to date ({tokenizer.vocab_size} wordpieces); nothing to do")
+    return tokenizer
 
 
 def _unigram_baseline(data_dir: str, eval_batches) -> tuple[float, str]:
@@ -206,6 +211,11 @@ def _run(args) -> None:
                 f"differs in {', '.join(differ)}): start the demo afresh with `make clean-demo` "
                 f"(rm -rf {workdir}), or pass another --workdir"
             )
+    summary_path = os.path.join(run_dir, "summary.json")
+    previous = {}  # the report of the call that trained, when this call only reports
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            previous = json.load(f)
     summary = trainer.run(run_dir)
     print("[4/4] report")
     pipeline_config = pipeline.PipelineConfig()
@@ -235,20 +245,24 @@ def _run(args) -> None:
         elif metric == "sentence_accuracy":
             line += "   (chance 50%)"
         report.append(line)
-    report += [
-        f"training: {summary['tokens_per_second']:.0f} tokens/s (non-pad tokens / training wall time), "
-        f"{train.get('model_tflops_per_second', 0) * 1e3:.1f} model GFLOP/s, "
-        f"run wall time {summary['wall_seconds']:.0f} s, demo wall time {time.time() - start:.0f} s",
-        "fill-mask on held-out sentences:",
-    ]
     lines, rates = _fill_mask_examples(run_dir)
-    report += lines
     summary.update(rates)
     plot = os.path.join(run_dir, "loss_curve.png")
     _plot(run_dir, plot, summary["headline_metric"])
-    report.append(f"loss curve: {plot}; summary: {run_dir}/summary.json")
-    summary.update(demo_wall_seconds=time.time() - start)
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+    seconds = time.time() - start
+    trained = summary["resumed_from"] is None or summary["resumed_from"] < summary["step"]
+    summary["demo_wall_seconds"] = seconds if trained else previous.get("demo_wall_seconds", seconds)
+    this_call = "" if trained else f" (this call found the run trained and reported in {seconds:.0f} s)"
+    report += [
+        f"training: {summary['tokens_per_second']:.0f} tokens/s (non-pad tokens / training wall time), "
+        f"{train.get('model_tflops_per_second', 0) * 1e3:.1f} model GFLOP/s, "
+        f"run wall time {summary['wall_seconds']:.0f} s, demo wall time {summary['demo_wall_seconds']:.0f} s"
+        f"{this_call}",
+        "fill-mask on held-out sentences:",
+        *lines,
+        f"loss curve: {plot}; summary: {summary_path}",
+    ]
+    with open(summary_path, "w") as f:
         json.dump(summary, f, indent=2)
     text = "\n".join(report)
     with open(os.path.join(workdir, "report.txt"), "w") as f:

@@ -14,6 +14,8 @@ head). Prints, one per line:
     train_flops_per_token: X       the objective's training FLOPs per row / seq_len
     train_gflops_per_sequence: X   (core/flops.py: the matmuls actually run, fwd + bwd)
 
+after `seq_len` and `predictions_per_sequence`, the shape the FLOPs are counted for.
+
 --seq_len and --num_predictions default to the PipelineConfig's length and predictions.
 Shapes come from jax.eval_shape, so even the largest config allocates nothing. A config
 error prints one `error: ...` line on stderr and exits with status 2.
@@ -74,6 +76,8 @@ def _run(args) -> None:
     params = jax.eval_shape(objective.init, jax.random.key(0))
     seq, predictions = pipeline_config.max_seq_length, pipeline_config.max_predictions_per_seq
     flops = objective.flops_per_row(seq, predictions)
+    print(f"seq_len: {seq}")
+    print(f"predictions_per_sequence: {predictions}")
     print(f"params: {count_params(params)}")
     print(f"encoder_params: {count_params(params['encoder'])}")
     print(f"train_flops_per_token: {flops / seq:.6g}")

@@ -84,8 +84,9 @@ def _run(args) -> None:
     with compilation_cache.enabled(args.compilation_cache, args.workdir) as cache:
         summary = trainer.run(args.workdir, mesh_spec=args.mesh)
     logging.getLogger("pretrain").info(cache.summary())
-    if summary.get("stopped_by"):  # preempted: the checkpoint is written, exit 0 so schedulers restart us
-        print(f"stopped by {summary['stopped_by']} at step {summary['step']}: run the same command to resume")
+    if summary.get("stopped_by"):
+        # Preempted: the checkpoint is written and the trainer's log line said so ("SIGTERM:
+        # stopped at step N of M, checkpoint in ..."); exit 0 so that schedulers restart us.
         return
     headline = summary["headline_metric"]
     print(

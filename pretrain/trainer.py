@@ -457,12 +457,13 @@ class Trainer:
             eval_values = self.evaluate(outcome.state.params, outcome.step)
         summary_path = os.path.join(self.workdir, "summary.json")
         totals = outcome.throughput.totals() if outcome.throughput.started else {}
+        totals["wall_seconds"] = time.time() - self.start_time
         last_train, initial_eval = outcome.last_train, outcome.initial_eval
-        if not totals and tf.io.gfile.exists(summary_path):
+        if not outcome.throughput.started and tf.io.gfile.exists(summary_path):
             # Nothing was left to train: keep what the call that trained measured.
             with tf.io.gfile.GFile(summary_path) as f:
                 previous = json.load(f)
-            totals = {k: previous.get(k) for k in ("tokens_per_second", "train_seconds")}
+            totals = {k: previous.get(k) for k in ("tokens_per_second", "train_seconds", "wall_seconds")}
             last_train = previous.get("train") or {}
             initial_eval = initial_eval or previous.get("initial_eval")
         summary = {
@@ -475,7 +476,7 @@ class Trainer:
             "train": last_train,
             "tokens_per_second": totals.get("tokens_per_second"),
             "train_seconds": totals.get("train_seconds"),
-            "wall_seconds": time.time() - self.start_time,
+            "wall_seconds": totals.get("wall_seconds"),  # of the call that trained
             "resumed_from": resumed_from,
             "skipped_steps": outcome.skipped_steps,
             "params_sha256": params_sha256(outcome.state.params),

@@ -389,6 +389,7 @@ def test_suite_measures_every_member_in_one_process():
         assert result["tokens_per_second"] > 0 and line["wall_seconds"] > result["compile_seconds"]
     assert [p["member"] for p in final["peer"]] == ["bert_base_128", "bert_large_512"]
     assert all(p["note"].startswith("no peer virtualenv at /nonexistent/python") for p in final["peer"])
+    assert out.count("| n/a* |") == 2 and out.count("* no peer virtualenv at /nonexistent/python") == 1
     assert "| bert_large_512 | 2 x 32 | explicit, dropout 0.1 |" in out
     # Without attention dropout 'auto' takes the platform's kernel: XLA's on a CPU.
     assert "| bert_large_512_no_attention_dropout | 2 x 32 | xla |" in out

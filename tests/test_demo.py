@@ -64,8 +64,16 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
         "--gin_bindings=run.eval_batches=2",
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "up to date" in again.stdout
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["resumed_from"] == 20
+    assert (
+        f"{tmp_path}/tokenizer is up to date" in again.stdout
+        and f"{tmp_path}/data is up to date" in again.stdout
+    )
+    reported = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert reported["resumed_from"] == 20
+    # The report and the summary keep the times of the call that trained.
+    kept = ("wall_seconds", "demo_wall_seconds", "tokens_per_second")
+    assert [reported[k] for k in kept] == [summary[k] for k in kept]
+    assert "this call found the run trained and reported in" in (tmp_path / "report.txt").read_text()
     # The same workdir with another demo model (e.g. a `make demo` from before its model
     # changed): one error line before anything is written, the run's files as they were.
     described = (tmp_path / "run" / "model_config.json").read_text()

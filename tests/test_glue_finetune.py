@@ -159,3 +159,9 @@ def test_length_is_checked_against_the_position_table_after_its_offset():
     trainer.TaskSteps(config, TASKS["rte"], trainer.OptimizerConfig(), 16, partitioner)
     with pytest.raises(ConfigError, match="Grid.max_seq_length 17 exceeds .* minus position_offset = 2"):
         trainer.TaskSteps(config, TASKS["rte"], trainer.OptimizerConfig(), 17, partitioner)
+
+
+def test_the_epoch_line_names_dev_files_only_where_a_task_has_several():
+    assert trainer._dev_text({"dev": {"accuracy": 0.918}}) == "accuracy=0.9180"
+    two = {"dev_matched": {"accuracy": 0.8412}, "dev_mismatched": {"accuracy": 0.839}}
+    assert trainer._dev_text(two) == "dev_matched:accuracy=0.8412  dev_mismatched:accuracy=0.8390"

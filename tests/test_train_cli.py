@@ -2,6 +2,7 @@
 inputs give one `error:` line, exit 2, and leave existing checkpoints untouched."""
 
 import hashlib
+import json
 import os
 
 import pytest
@@ -98,10 +99,17 @@ def test_missing_gin_file(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_finished_run_started_again_resumes_and_stops(trained, capsys):
+    """A finished run started again is evaluated, and its summary keeps the rates and times
+    of the call that trained it."""
     gin_file, workdir = trained
+    before = json.loads((workdir / "summary.json").read_text())
     result = cli_run.run(train.main, [f"--gin_file={gin_file}", f"--workdir={workdir}"], capsys)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from step 2" in result.stderr and "done: step 2" in result.stdout
+    after = json.loads((workdir / "summary.json").read_text())
+    kept = ("tokens_per_second", "train_seconds", "wall_seconds")
+    assert [after[k] for k in kept] == [before[k] for k in kept] and after["resumed_from"] == 2
+    assert before["wall_seconds"] > 0 and before["train_seconds"] > 0
 
 
 @pytest.mark.slow
