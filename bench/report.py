@@ -53,7 +53,10 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def time_steps(step, state, batch, steps: int, warmup: int = 2) -> tuple[float, float]:
+WARMUP_STEPS = 2  # untimed steps after the compiling one, before the timed ones
+
+
+def time_steps(step, state, batch, steps: int, warmup: int = WARMUP_STEPS) -> tuple[float, float]:
     """(compile + first step seconds, steady seconds per step) of `step` on one batch.
 
     `step(state, batch) -> (state, metrics)`; the state is threaded through so donated
@@ -62,7 +65,9 @@ def time_steps(step, state, batch, steps: int, warmup: int = 2) -> tuple[float, 
     return time_alternately([(step, state, batch)], steps, rounds=1, warmup=warmup)[0]
 
 
-def time_alternately(runs, steps: int, rounds: int = 1, warmup: int = 2) -> list[tuple[float, float]]:
+def time_alternately(
+    runs, steps: int, rounds: int = 1, warmup: int = WARMUP_STEPS
+) -> list[tuple[float, float]]:
     """[(compile + first step seconds, steady seconds per step)] for each (step, state, batch).
 
     All runs are compiled and warmed up first; then each round times `steps` steps of

@@ -40,6 +40,7 @@ import io
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -121,7 +122,7 @@ def build_parser():
 
 
 def _workers_setting(text: str) -> str:
-    if text != "auto" and not (text.isdigit()):
+    if text != "auto" and not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r}: a number of processes (0: none) or 'auto'")
     return text
 
@@ -213,7 +214,7 @@ def _in_children(
     lines: dict[str, dict] = {}
     queued = sorted(members, key=lambda m: m.xla_flags)  # stable: the given order within a group
     processes = 0
-    while queued and not (stop and stop.is_set()):
+    while queued:
         flags = queued[0].xla_flags
         count = next((i for i, m in enumerate(queued) if m.xla_flags != flags), len(queued))
         pending, queued = [m.name for m in queued[:count]], queued[count:]
@@ -223,15 +224,21 @@ def _in_children(
         command += ["--compile_only"] if ahead else []
         command += [f"--profile_dir={args.profile_dir}"] if args.profile_dir else []
         child_env = {**env, "XLA_FLAGS": " ".join((env.get("XLA_FLAGS", ""),) + flags).strip()}
-        child = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env
-        )
+        with _LIVE_LOCK:  # a stop (below) kills the children started before it, and no later one starts
+            if stop and stop.is_set():
+                break
+            child = subprocess.Popen(
+                command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env
+            )
+            _LIVE.add(child)
         try:
             _read_child(child, pending, lines, args.timeout, ahead)
         finally:  # also on Ctrl-C: no child outlives the suite
             if child.poll() is None:
                 child.kill()
             child.wait()
+            with _LIVE_LOCK:
+                _LIVE.discard(child)
         queued = [BY_NAME[name] for name in pending] + queued  # after a kill: a new child goes on
     return lines, processes
 
@@ -275,6 +282,8 @@ def _read_child(
 
 
 _PRINTING = threading.Lock()  # compile-ahead workers report from threads of their own
+_LIVE: set[subprocess.Popen] = set()  # the children running now
+_LIVE_LOCK = threading.Lock()
 
 
 def _print_line(line: dict, ahead: bool) -> None:
@@ -291,6 +300,11 @@ def compile_workers(setting: str, members: int, cpus: int | None, tpu_host: bool
         return min(int(setting), members)
     cpus = cpus or 1
     return 0 if cpus < 8 or tpu_host else min(cpus // 4, members)
+
+
+def _cpus() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def tpu_host() -> bool:
@@ -314,9 +328,18 @@ def _compile_ahead(members: list[Member], workers: int, args, env: dict) -> dict
     try:
         for thread in threads:
             thread.join()
-    finally:  # Ctrl-C: the workers' children die with it (SIGINT); no new ones start
-        stop.set()
+    finally:  # interrupted: the workers' children are killed and no new ones start
+        with _LIVE_LOCK:
+            stop.set()
+            for child in _LIVE:
+                child.kill()
     return {name: line for result in results for name, line in result.items()}
+
+
+def _interrupted(signum, frame) -> None:
+    """SIGTERM to the suite (a scheduler, `kill`): as Ctrl-C, so that its children are killed."""
+    del signum, frame
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -372,12 +395,18 @@ def _run(args) -> None:
     members = _members(args)
     if args.profile_dir:
         args.profile_dir = os.path.abspath(args.profile_dir)  # the children run in the repository's root
-    workers = compile_workers(args.compile_workers, len(members), len(os.sched_getaffinity(0)), tpu_host())
+    workers = compile_workers(args.compile_workers, len(members), _cpus(), tpu_host())
+    signal.signal(signal.SIGTERM, _interrupted)
     start = time.perf_counter()
-    with _cache_environment(args, workers) as (env, cache):
-        ahead = _compile_ahead(members, workers, args, env) if workers else {}
-        ahead_seconds = time.perf_counter() - start
-        ours, processes = _in_children(members, args, env)
+    try:
+        with _cache_environment(args, workers) as (env, cache):
+            ahead = _compile_ahead(members, workers, args, env) if workers else {}
+            ahead_seconds = time.perf_counter() - start
+            ours, processes = _in_children(members, args, env)
+    except KeyboardInterrupt:
+        raise SuiteError(
+            "interrupted: its processes are killed; the lines above are the members measured"
+        ) from None
     peers = {}
     for member in members:
         if member.peer and "result" in ours[member.name]:

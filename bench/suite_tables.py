@@ -3,9 +3,8 @@ the table of arms against their bases (bench/suite.py prints both)."""
 
 from __future__ import annotations
 
+from bench.report import WARMUP_STEPS
 from bench.suite_members import Member, lever
-
-WARMUP_STEPS = 2  # bench.pretrain's warm-up steps before the timed ones
 
 
 def overhead_seconds(line: dict, steps: int) -> float:
@@ -30,7 +29,8 @@ def ahead_cell(line: dict | None) -> str:
     if "error" in line:
         return line["error"]
     r = line["result"]
-    cached = r["compilation_cache"] and r["compilation_cache"]["hits"] >= r["compilation_cache"]["requests"]
+    use = r["compilation_cache"]
+    cached = bool(use) and use["requests"] > 0 and use["hits"] == use["requests"]
     return f"{r['init_compile_seconds'] + r['step_compile_seconds']:.1f}" + (" (cache)" if cached else "")
 
 

@@ -76,11 +76,15 @@ def parse_mesh(spec: str | None, num_devices: int) -> dict[str, int]:
         sizes[rest[0]] = num_devices // known
     if math.prod(sizes.values()) != num_devices:
         raise MeshError(
-            f"--mesh {spec!r} has {math.prod(sizes.values())} devices but "
-            f"{num_devices} {'is' if num_devices == 1 else 'are'} available: the product of the axis "
-            "sizes must equal the device count"
+            f"--mesh {spec!r} has {_devices(math.prod(sizes.values()))} but {num_devices} "
+            f"{'is' if num_devices == 1 else 'are'} available: the product of the axis sizes must equal "
+            "the device count"
         )
     return sizes
+
+
+def _devices(count: int) -> str:
+    return f"{count} device" if count == 1 else f"{count} devices"
 
 
 def make_mesh(spec: str | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:

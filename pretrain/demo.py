@@ -50,11 +50,24 @@ def _tokenizer(workdir: str, vocab_size: int):
         docs = (d.sentences for d in corpora.demo_documents() if not corpora.is_heldout(d, 0.05))
         tokenizers.train_wordpiece(docs, vocab_size).save(path)
         tokenizer = tokenizers.load_tokenizer(path)
-        print(f"{path}: {tokenizer.vocab_size} wordpieces (at most {vocab_size}: all this corpus yields)")
+        fewer = (
+            f" (all this corpus yields of the {vocab_size} asked for)"
+            if tokenizer.vocab_size < vocab_size
+            else ""
+        )
+        print(f"{path}: {tokenizer.vocab_size} wordpieces{fewer}")
         return tokenizer
     tokenizer = tokenizers.load_tokenizer(path)
-    print(f"{path} is up to date ({tokenizer.vocab_size} wordpieces); nothing to do")
+    print(
+        f"{path} is kept ({tokenizer.vocab_size} wordpieces; --vocab_size applies to a new workdir only); "
+        "nothing to do"
+    )
     return tokenizer
+
+
+def _number(value: float | None, spec: str) -> str:
+    """`value` formatted, or 'unknown' (a time or rate of a call that left no record)."""
+    return "unknown" if value is None else format(value, spec)
 
 
 def _unigram_baseline(data_dir: str, eval_batches) -> tuple[float, str]:
@@ -217,6 +230,11 @@ def _run(args) -> None:
         with open(summary_path) as f:
             previous = json.load(f)
     summary = trainer.run(run_dir)
+    if summary.get("stopped_by"):  # Ctrl-C or SIGTERM: the checkpoint is written
+        print(
+            f"stopped by {summary['stopped_by']} at step {summary['step']}: run `make demo` again to resume"
+        )
+        return
     print("[4/4] report")
     pipeline_config = pipeline.PipelineConfig()
     batch_size = gin.query_parameter("run.batch_size")
@@ -251,13 +269,14 @@ def _run(args) -> None:
     _plot(run_dir, plot, summary["headline_metric"])
     seconds = time.time() - start
     trained = summary["resumed_from"] is None or summary["resumed_from"] < summary["step"]
-    summary["demo_wall_seconds"] = seconds if trained else previous.get("demo_wall_seconds", seconds)
+    # A call that found the run trained keeps the training call's time (None: not on record).
+    summary["demo_wall_seconds"] = seconds if trained else previous.get("demo_wall_seconds")
     this_call = "" if trained else f" (this call found the run trained and reported in {seconds:.0f} s)"
     report += [
-        f"training: {summary['tokens_per_second']:.0f} tokens/s (non-pad tokens / training wall time), "
-        f"{train.get('model_tflops_per_second', 0) * 1e3:.1f} model GFLOP/s, "
-        f"run wall time {summary['wall_seconds']:.0f} s, demo wall time {summary['demo_wall_seconds']:.0f} s"
-        f"{this_call}",
+        f"training: {_number(summary['tokens_per_second'], '.0f')} tokens/s (non-pad tokens / training wall "
+        f"time), {train.get('model_tflops_per_second', 0) * 1e3:.1f} model GFLOP/s, "
+        f"run wall time {_number(summary['wall_seconds'], '.0f')} s, "
+        f"demo wall time {_number(summary['demo_wall_seconds'], '.0f')} s{this_call}",
         "fill-mask on held-out sentences:",
         *lines,
         f"loss curve: {plot}; summary: {summary_path}",

@@ -9,12 +9,12 @@ the MLM objective) with the files' EncoderConfig and PipelineConfig: a model siz
 BERT's MLM + NSP model; add a recipe for its objective and heads (RoBERTa's has no sentence
 head). Prints, one per line:
 
+    seq_len: L                     the shape the FLOPs are counted for ...
+    predictions_per_sequence: P    ... (the masked positions decoded per row)
     params: N                      the whole pretraining tree (every head of the objective)
     encoder_params: N              the `encoder` subtree (what fine-tuning uses)
     train_flops_per_token: X       the objective's training FLOPs per row / seq_len
     train_gflops_per_sequence: X   (core/flops.py: the matmuls actually run, fwd + bwd)
-
-after `seq_len` and `predictions_per_sequence`, the shape the FLOPs are counted for.
 
 --seq_len and --num_predictions default to the PipelineConfig's length and predictions.
 Shapes come from jax.eval_shape, so even the largest config allocates nothing. A config

@@ -456,16 +456,19 @@ class Trainer:
         if eval_values is None:  # nothing left to train: evaluate what was restored
             eval_values = self.evaluate(outcome.state.params, outcome.step)
         summary_path = os.path.join(self.workdir, "summary.json")
-        totals = outcome.throughput.totals() if outcome.throughput.started else {}
-        totals["wall_seconds"] = time.time() - self.start_time
         last_train, initial_eval = outcome.last_train, outcome.initial_eval
-        if not outcome.throughput.started and tf.io.gfile.exists(summary_path):
-            # Nothing was left to train: keep what the call that trained measured.
+        if outcome.throughput.started:
+            measured = {**outcome.throughput.totals(), "wall_seconds": time.time() - self.start_time}
+        elif jax.process_index() == 0 and tf.io.gfile.exists(summary_path):
+            # Nothing was left to train: keep what the call that trained measured. Process 0
+            # alone reads it, as it alone writes it (others could read it half-written).
             with tf.io.gfile.GFile(summary_path) as f:
                 previous = json.load(f)
-            totals = {k: previous.get(k) for k in ("tokens_per_second", "train_seconds", "wall_seconds")}
+            measured = {k: previous.get(k) for k in ("tokens_per_second", "train_seconds", "wall_seconds")}
             last_train = previous.get("train") or {}
             initial_eval = initial_eval or previous.get("initial_eval")
+        else:
+            measured = {}  # nothing trained, and no record of the call that did
         summary = {
             "step": outcome.step,
             "objective": type(self.objective).__name__,
@@ -474,9 +477,9 @@ class Trainer:
             "eval": eval_values,
             "initial_eval": initial_eval,
             "train": last_train,
-            "tokens_per_second": totals.get("tokens_per_second"),
-            "train_seconds": totals.get("train_seconds"),
-            "wall_seconds": totals.get("wall_seconds"),  # of the call that trained
+            "tokens_per_second": measured.get("tokens_per_second"),
+            "train_seconds": measured.get("train_seconds"),
+            "wall_seconds": measured.get("wall_seconds"),  # of the call that trained
             "resumed_from": resumed_from,
             "skipped_steps": outcome.skipped_steps,
             "params_sha256": params_sha256(outcome.state.params),

@@ -93,7 +93,7 @@ def test_pretrain_benchmark_prints_its_result(tmp_path):
     assert result["profile_seconds"] > 0  # kept out of the suite's overhead column
 
 
-def test_compiling_only_needs_a_cache_to_fill(capsys, monkeypatch):
+def test_compiling_only_needs_a_cache_to_fill(capsys):
     """`bench.pretrain --compile_only` compiles into the persistent cache and runs nothing:
     without a cache it would do nothing useful, so it says so in one line."""
     import jax

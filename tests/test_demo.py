@@ -64,10 +64,8 @@ def test_demo_runs_every_stage_and_reports(tmp_path):
         "--gin_bindings=run.eval_batches=2",
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert (
-        f"{tmp_path}/tokenizer is up to date" in again.stdout
-        and f"{tmp_path}/data is up to date" in again.stdout
-    )
+    assert f"{tmp_path}/tokenizer is kept (2000 wordpieces" in again.stdout
+    assert f"{tmp_path}/data is up to date" in again.stdout
     reported = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert reported["resumed_from"] == 20
     # The report and the summary keep the times of the call that trained.
@@ -101,3 +99,27 @@ def test_bert_demo_reports_nsp(tmp_path):
     report = (tmp_path / "report.txt").read_text()
     assert "(MaskedLM)" in report and "sentence_accuracy" in report and "(chance 50%)" in report
     assert "configs/runs/demo.gin" in result.stdout
+
+
+@pytest.mark.slow(40)
+@pytest.mark.extended
+def test_a_demo_stopped_by_a_signal_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C or SIGTERM during the demo's training: the checkpoint is written and one line
+    says to run the demo again, instead of a report of a run that did not finish."""
+    from core import preemption
+    from pretrain import demo
+    from tests import cli_run
+
+    def sigterm_at_step_3(watcher, step):
+        if step == 3:
+            watcher.signal_name = "SIGTERM"
+        return watcher.signal_name is not None
+
+    monkeypatch.setattr(preemption.StopWatcher, "should_stop", sigterm_at_step_3)
+    args = [f"--workdir={tmp_path}", "--vocab_size=2000", "--gin_bindings=run.steps=20"]
+    args += ["--gin_bindings=run.batch_size=8", "--gin_bindings=run.eval_batches=1"]
+    result = cli_run.run(demo.main, args, capsys)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped by SIGTERM at step 3: run `make demo` again to resume" in result.stdout
+    assert "[4/4]" not in result.stdout and "Traceback" not in result.stderr
+    assert (tmp_path / "run" / "checkpoints" / "3").is_dir()
