@@ -166,7 +166,8 @@ def _bench_argv(member: Member, args) -> list[str]:
 
 def _child(args) -> None:
     """Runs bench.pretrain's main for each named member in this process; prints one JSON line
-    per member: {"member", "result"} or {"member", "error"}, and "wall_seconds"."""
+    per member: {"member", "result"} or {"member", "error"}, with "wall_seconds" and the
+    "xla_flags" this process was started with."""
     import gin
 
     from bench import pretrain, report
@@ -195,8 +196,7 @@ def _child(args) -> None:
             if i == 0 and not args.compile_only:  # bench.pretrain read the peak measured above
                 line["result"]["peak_seconds"] = round(peak_seconds, 2)
         else:
-            errors = [x for x in err.getvalue().splitlines() if x.strip()]
-            line["error"] = errors[-1] if errors else f"exit status {status}"
+            line["error"] = _last_line(err.getvalue(), f"exit status {status}")
         print(json.dumps(line), flush=True)
 
 
@@ -265,8 +265,8 @@ def _read_child(
             return
         if text is None:  # the child died (out of memory, a crash in XLA ...)
             child.wait()
-            tail = [x.strip() for x in stderr_tail if x and x.strip()]
-            error = f"the process died (status {child.returncode}): {tail[-1] if tail else ''}"
+            last = _last_line("".join(filter(None, stderr_tail)), "")  # the pump's None ends it
+            error = f"the process died (status {child.returncode}): {last}"
             lines[name] = {"member": name, "error": error}
             _print_line(lines[name], ahead)
             pending.pop(0)
@@ -291,14 +291,13 @@ def _print_line(line: dict, ahead: bool) -> None:
         print(json.dumps({"ahead": line} if ahead else line), flush=True)
 
 
-def compile_workers(setting: str, members: int, cpus: int | None, tpu_host: bool) -> int:
+def compile_workers(setting: str, members: int, cpus: int, tpu_host: bool) -> int:
     """Processes that compile the members ahead (--compile_workers): 'auto' is one per 4 CPU
     cores, at most one per member; none on a host with fewer than 8 cores (a CPU run, where
     the compilations would take the cores from each other) or with TPU chips, which one
     process at a time holds."""
     if setting != "auto":
         return min(int(setting), members)
-    cpus = cpus or 1
     return 0 if cpus < 8 or tpu_host else min(cpus // 4, members)
 
 
@@ -336,12 +335,6 @@ def _compile_ahead(members: list[Member], workers: int, args, env: dict) -> dict
     return {name: line for result in results for name, line in result.items()}
 
 
-def _interrupted(signum, frame) -> None:
-    """SIGTERM to the suite (a scheduler, `kill`): as Ctrl-C, so that its children are killed."""
-    del signum, frame
-    raise KeyboardInterrupt
-
-
 @contextlib.contextmanager
 def _cache_environment(args, workers: int):
     """(the children's environment, its cache directory or None): with compile-ahead workers
@@ -358,6 +351,12 @@ def _cache_environment(args, workers: int):
         elif "://" not in directory:
             directory = os.path.abspath(directory)  # the children run in the repository's root
         yield {**os.environ, **compilation_cache.environment(directory)}, directory
+
+
+def _last_line(text: str, default: str) -> str:
+    """The last non-blank line of a process's stderr (its error), stripped; `default` if none."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return lines[-1] if lines else default
 
 
 def _pump(stream, put) -> None:
@@ -383,8 +382,7 @@ def _peer(member: Member, ours: dict, args) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"no result within {args.timeout:g} s: killed"}
     if result.returncode != 0:
-        errors = [x for x in result.stderr.splitlines() if x.strip()]
-        return {"error": errors[-1] if errors else f"exit status {result.returncode}"}
+        return {"error": _last_line(result.stderr, f"exit status {result.returncode}")}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -396,7 +394,8 @@ def _run(args) -> None:
     if args.profile_dir:
         args.profile_dir = os.path.abspath(args.profile_dir)  # the children run in the repository's root
     workers = compile_workers(args.compile_workers, len(members), _cpus(), tpu_host())
-    signal.signal(signal.SIGTERM, _interrupted)
+    # SIGTERM (a scheduler, `kill`) as Ctrl-C, so that the children are killed.
+    previous_handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
     start = time.perf_counter()
     try:
         with _cache_environment(args, workers) as (env, cache):
@@ -407,6 +406,8 @@ def _run(args) -> None:
         raise SuiteError(
             "interrupted: its processes are killed; the lines above are the members measured"
         ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
     peers = {}
     for member in members:
         if member.peer and "result" in ours[member.name]:

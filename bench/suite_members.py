@@ -28,9 +28,11 @@ class Member:
 
 BERT_BASE = ("configs/models/bert_base.gin", "configs/recipes/bert.gin")
 BERT_LARGE = ("configs/models/bert_large.gin", "configs/recipes/bert.gin")
+BERT_BASE_128 = Member("bert_base_128", BERT_BASE, 256, 128, peer=True)
+BERT_LARGE_512 = Member("bert_large_512", BERT_LARGE, 32, 512, peer=True)
 MEMBERS = (
-    Member("bert_base_128", BERT_BASE, 256, 128, True),
-    Member("bert_large_512", BERT_LARGE, 32, 512, True),
+    BERT_BASE_128,
+    BERT_LARGE_512,
     # What BERT's attention dropout costs: without it 'auto' takes the platform's fused kernel.
     Member(
         "bert_large_512_no_attention_dropout",
@@ -72,44 +74,31 @@ MEMBERS = (
     # P at 512, where the recipe has 85).
     Member("xlnet_base_512", ("configs/models/xlnet_base.gin", "configs/recipes/xlnet.gin"), 32, 512),
 )
+
+
+def _arm(base: Member, name: str, **change) -> Member:
+    """`base` with one thing changed, measured against it."""
+    return dataclasses.replace(base, name=name, peer=False, base=base.name, **change)
+
+
 # The levers to try on an accelerator, each alone against the member it changes (`--arms`
 # runs them with their bases; --only names any). XLA's flags need a process of their own.
 ARMS = (
-    Member(
-        "bert_base_128_triton_gemm_off",
-        BERT_BASE,
-        256,
-        128,
-        xla_flags=("--xla_gpu_enable_triton_gemm=false",),
-        base="bert_base_128",
-    ),
-    Member(
+    _arm(BERT_BASE_128, "bert_base_128_triton_gemm_off", xla_flags=("--xla_gpu_enable_triton_gemm=false",)),
+    _arm(
+        BERT_BASE_128,
         "bert_base_128_cudnn_layer_norm",
-        BERT_BASE,
-        256,
-        128,
         xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",),
-        base="bert_base_128",
     ),
-    Member("bert_base_128_batch_512", BERT_BASE, 512, 128, base="bert_base_128"),
-    Member(
-        "bert_base_128_rbg_dropout",
-        BERT_BASE,
-        256,
-        128,
-        options=("--dropout_prng=rbg",),
-        base="bert_base_128",
-    ),
+    _arm(BERT_BASE_128, "bert_base_128_batch_512", batch=512),
+    _arm(BERT_BASE_128, "bert_base_128_rbg_dropout", options=("--dropout_prng=rbg",)),
     # Remat costs recomputation; it pays only where it lets a larger batch fit.
-    Member(
+    _arm(
+        BERT_LARGE_512,
         "bert_large_512_remat",
-        BERT_LARGE,
-        32,
-        512,
-        bindings=("EncoderConfig.remat_policy = 'dots_saveable'",),
-        base="bert_large_512",
+        bindings=BERT_LARGE_512.bindings + ("EncoderConfig.remat_policy = 'dots_saveable'",),
     ),
-    Member("bert_large_512_batch_64", BERT_LARGE, 64, 512, base="bert_large_512"),
+    _arm(BERT_LARGE_512, "bert_large_512_batch_64", batch=64),
 )
 # --tiny: every member's structure (objective, embeddings, attention kind) at a size a CPU
 # compiles in seconds.

@@ -225,11 +225,7 @@ def _run(args) -> None:
                 f"(rm -rf {workdir}), or pass another --workdir"
             )
     summary_path = os.path.join(run_dir, "summary.json")
-    previous = {}  # the report of the call that trained, when this call only reports
-    if os.path.exists(summary_path):
-        with open(summary_path) as f:
-            previous = json.load(f)
-    summary = trainer.run(run_dir)
+    summary = trainer.run(run_dir)  # a finished run's: the record of the call that trained it, kept
     if summary.get("stopped_by"):  # Ctrl-C or SIGTERM: the checkpoint is written
         print(
             f"stopped by {summary['stopped_by']} at step {summary['step']}: run `make demo` again to resume"
@@ -270,7 +266,7 @@ def _run(args) -> None:
     seconds = time.time() - start
     trained = summary["resumed_from"] is None or summary["resumed_from"] < summary["step"]
     # A call that found the run trained keeps the training call's time (None: not on record).
-    summary["demo_wall_seconds"] = seconds if trained else previous.get("demo_wall_seconds")
+    summary["demo_wall_seconds"] = seconds if trained else summary.get("demo_wall_seconds")
     this_call = "" if trained else f" (this call found the run trained and reported in {seconds:.0f} s)"
     report += [
         f"training: {_number(summary['tokens_per_second'], '.0f')} tokens/s (non-pad tokens / training wall "

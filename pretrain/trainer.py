@@ -456,30 +456,26 @@ class Trainer:
         if eval_values is None:  # nothing left to train: evaluate what was restored
             eval_values = self.evaluate(outcome.state.params, outcome.step)
         summary_path = os.path.join(self.workdir, "summary.json")
-        last_train, initial_eval = outcome.last_train, outcome.initial_eval
-        if outcome.throughput.started:
-            measured = {**outcome.throughput.totals(), "wall_seconds": time.time() - self.start_time}
-        elif jax.process_index() == 0 and tf.io.gfile.exists(summary_path):
-            # Nothing was left to train: keep what the call that trained measured. Process 0
-            # alone reads it, as it alone writes it (others could read it half-written).
+        previous = {}  # the record of the call that trained, when this one trained nothing
+        if not outcome.throughput.started and jax.process_index() == 0 and tf.io.gfile.exists(summary_path):
+            # Process 0 alone reads it, as it alone writes it (others could read it half-written).
             with tf.io.gfile.GFile(summary_path) as f:
                 previous = json.load(f)
-            measured = {k: previous.get(k) for k in ("tokens_per_second", "train_seconds", "wall_seconds")}
-            last_train = previous.get("train") or {}
-            initial_eval = initial_eval or previous.get("initial_eval")
-        else:
-            measured = {}  # nothing trained, and no record of the call that did
+        # This call's rates and times, or those of the call that trained (None without its record).
+        source = previous
+        if outcome.throughput.started:
+            source = {**outcome.throughput.totals(), "wall_seconds": time.time() - self.start_time}
+        measured = {k: source.get(k) for k in ("tokens_per_second", "train_seconds", "wall_seconds")}
         summary = {
+            **previous,  # what other tools added to the record (the demo's report) stays
             "step": outcome.step,
             "objective": type(self.objective).__name__,
             "headline_metric": self.objective.headline_metric,
             **eval_values,
             "eval": eval_values,
-            "initial_eval": initial_eval,
-            "train": last_train,
-            "tokens_per_second": measured.get("tokens_per_second"),
-            "train_seconds": measured.get("train_seconds"),
-            "wall_seconds": measured.get("wall_seconds"),  # of the call that trained
+            "initial_eval": outcome.initial_eval or previous.get("initial_eval"),
+            "train": outcome.last_train or previous.get("train") or {},
+            **measured,  # of the call that trained
             "resumed_from": resumed_from,
             "skipped_steps": outcome.skipped_steps,
             "params_sha256": params_sha256(outcome.state.params),
