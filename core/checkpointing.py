@@ -450,6 +450,7 @@ class Checkpointer:
         iterator_for: Callable[[int], tf.data.Iterator | None],
         *,
         reset_iterator: bool = False,
+        restart_stream: bool = False,
     ) -> tuple[Any, int | None]:
         """Restores the newest readable checkpoint into `abstract_state`'s shardings.
 
@@ -461,15 +462,22 @@ class Checkpointer:
         An intact iterator state written by another input pipeline (its config or our
         pipeline code changed) is not damage: IteratorMismatchError, nothing moved; or,
         with `reset_iterator`, the train state is restored and a second iterator_for(step)
-        starts its stream afresh (one warning line).
+        starts its stream afresh (one warning line). `restart_stream` does that without
+        reading the data position at all: the caller knows that its stream is another one
+        (another global batch or pipeline, pretrain/launches.py), whose position could not be
+        read into this iterator (and its failure would look like damage).
         """
         while (step := self.latest_step()) is not None:
             saved = self._check_compatible(step, abstract_state)
             error = None
             try:
-                self._check_host_count(step)
-                wanted = self._with_restorable_carry(step, saved, abstract_state)
-                state = self.restore(step, wanted, iterator_for(step), saved=saved)
+                if restart_stream:
+                    state = self._restore_state(step, _without_carry(abstract_state), saved)
+                    iterator_for(step)  # the stream from its beginning
+                else:
+                    self._check_host_count(step)
+                    wanted = self._with_restorable_carry(step, saved, abstract_state)
+                    state = self.restore(step, wanted, iterator_for(step), saved=saved)
             except IteratorMismatchError:
                 if not reset_iterator:
                     raise
@@ -557,8 +565,9 @@ class Checkpointer:
         try:  # before the state: the cheap read, and a mismatch then costs no state restore
             tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
         except tf.errors.OpError as e:
-            # tf.data's words for a state saved by a differently built dataset.
-            if "dataset definition has not changed" not in str(e):
+            # tf.data's words for a state saved by a differently built dataset (or one whose
+            # batches have another shape: another per-host batch).
+            if "dataset definition has not changed" not in str(e) and "Incompatible shapes" not in str(e):
                 raise
             raise IteratorMismatchError(
                 f"checkpoint step {step} in {self.directory} holds the data position of another "

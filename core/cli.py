@@ -17,10 +17,15 @@ argparse reports a bad flag with its usage line and status 2 as well.
 from __future__ import annotations
 
 import argparse
+import io
 import logging
+import signal
 import sys
+import tokenize
 import traceback
 from collections.abc import Callable, Sequence
+
+import core.tf_env
 
 from core.errors import ConfigError, UserError
 
@@ -212,14 +217,21 @@ def entry(
     """The tool's `main(argv=None) -> exit status`: parse, run, report user errors in one line."""
 
     def main(argv: Sequence[str] | None = None) -> int:
+        if signal.getsignal(signal.SIGINT) == core.tf_env._interrupted_while_starting:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the imports are done
         args = build_parser().parse_args(gin_dot_flags(sys.argv[1:] if argv is None else argv))
         try:
             status = run(args)
+        except KeyboardInterrupt:
+            # Ctrl-C outside a tool's own handling (pretraining stops after a step with a
+            # checkpoint; preprocessing says what it removed).
+            print("error: interrupted (Ctrl-C)", file=sys.stderr)
+            status = 130
         except UserError as e:
             # The message's first line: gin appends the configurable that was being called
             # ("In call to configurable 'run'") on further lines, which says nothing here.
             print(f"error: {_message(e)}", file=sys.stderr)
-            status = 2
+            status = e.exit_status
         except Exception as e:  # pylint: disable=broad-except
             cluster = _cluster()
             if cluster is None:
@@ -278,14 +290,22 @@ def parse_gin(
 
     for path in files:
         try:
-            with open(path):
-                pass
+            with open(path) as f:
+                text = f.read()
         except OSError as e:
             raise GinError(f"cannot read --gin_file {path}: {e.strerror}") from None
+        _check_brackets(text, path, numbered=True)
+    for binding in bindings:
+        _check_brackets(binding, f"--gin_bindings {binding!r}", numbered=False)
     try:
         gin.parse_config_files_and_bindings(files, bindings, finalize_config=False, skip_unknown=skip_unknown)
     except UserError:
         raise
+    except tokenize.TokenError:  # in a file that a --gin_file includes
+        raise GinError(
+            "a bracket or quote is never closed in a gin file that --gin_file includes: check the files "
+            "it includes"
+        ) from None
     # gin reports every parse problem (syntax, unknown configurable or parameter, bad
     # reference) from this call as one of these; the call site makes it a gin error.
     except (ValueError, KeyError, SyntaxError, NameError, AttributeError, OSError) as e:
@@ -293,6 +313,31 @@ def parse_gin(
         if isinstance(e, KeyError):  # str(KeyError) quotes its message
             message = message.strip("'\"")
         raise GinError(f"{message}: check the spelling in --gin_file / --gin_bindings") from None
+
+
+def _check_brackets(text: str, where: str, *, numbered: bool) -> None:
+    """A GinError naming the line of a bracket that is never closed: gin reads the rest of the
+    file (or binding) as part of that value and fails far from the cause, with a traceback
+    of Python's tokenizer at the end of a binding. `where` names the file (`numbered`: with
+    the line's number) or the binding."""
+    opened: list[tuple[int, str]] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.OP and token.string in "([{":
+                opened.append((token.start[0], token.string))
+            elif token.type == tokenize.OP and token.string in ")]}" and opened:
+                opened.pop()
+    except tokenize.TokenError:
+        if opened:
+            line, bracket = opened[0]
+            source = text.splitlines()[line - 1].strip()
+            place = f"{where}:{line}" if numbered else where
+            raise GinError(
+                f"{place}: the {bracket!r} of `{source}` is never closed: close it on that line "
+                "(a value that spans lines needs its closing bracket too)"
+            ) from None
+    except SyntaxError:  # gin's own parser says what is wrong with the rest
+        pass
 
 
 def _message(e: BaseException) -> str:

@@ -12,6 +12,15 @@ from __future__ import annotations
 class UserError(Exception):
     """A problem with the user's input, config, data or disk, explained in one line."""
 
+    exit_status = 2
+
+
+class Interrupted(UserError):
+    """Ctrl-C, after the tool cleaned up: its line says what was kept (status 130, the shell's
+    for SIGINT)."""
+
+    exit_status = 130
+
 
 class ConfigError(UserError, ValueError):
     """A config value that cannot work (raised by the gin-configured dataclasses and run()).

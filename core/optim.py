@@ -31,6 +31,7 @@ scaled by decay ** (depth from the top); see `layer_depth` and `scale_by_layer_d
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +44,13 @@ from flax import traverse_util
 
 from core.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 SCHEDULES = ("bert", "fairseq", "electra")
+# The parameters of `adamw` and `lamb` that shape the learning-rate schedule: a pretraining
+# run may resume with other values (a lower peak after a divergence, another tail;
+# pretrain/launches.py); the others change what the optimizer state means.
+SCHEDULE_PARAMETERS = frozenset({"learning_rate", "warmup_steps", "schedule"})
 
 
 def warmup_linear_decay(peak, warmup_steps, total_steps, form: str = "bert") -> optax.Schedule:
@@ -77,6 +84,29 @@ def warmup_linear_decay(peak, warmup_steps, total_steps, form: str = "bert") -> 
         return jnp.where(step < warmup_steps, warm, decay)
 
     return schedule
+
+
+def warn_if_warmup_outlasts_the_run(optimizer: str, peak: float, warmup_steps: int, total_steps: int) -> None:
+    """One warning line when the run ends inside its warm-up: a short run on a published
+    recipe (10,000 warm-up steps) would train at a tiny fraction of the peak rate throughout,
+    and nothing else would say so. (The decay always ends at `total_steps`, so it cannot
+    outlast the run.)"""
+    if warmup_steps < total_steps:
+        return
+    log.warning(
+        "run.steps = %d ends inside %s.warmup_steps = %d: the learning rate never gets past %.2g "
+        "(%.2g%% of %s.learning_rate = %g); bind %s.warmup_steps below %d (a tenth of the run: %d)",
+        total_steps,
+        optimizer,
+        warmup_steps,
+        peak * total_steps / warmup_steps,
+        100 * total_steps / warmup_steps,
+        optimizer,
+        peak,
+        optimizer,
+        total_steps,
+        max(1, total_steps // 10),
+    )
 
 
 def decay_mask(params) -> dict:
@@ -226,6 +256,7 @@ def adamw(
     RoBERTa's recipe binds fairseq's schedule form and weight decay on every parameter
     (see `warmup_linear_decay` and `adamw_chain`).
     """
+    warn_if_warmup_outlasts_the_run("adamw", learning_rate, warmup_steps, total_steps)
     chain = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, clip_norm=clip_norm)
     optimizer = _scheduled_adamw(
         learning_rate,
@@ -258,6 +289,7 @@ def lamb(
     parameters and biases take a plain Adam step, where optax.lamb would rescale them
     too. As in `adamw`, optax's Adam has bias correction and the original has none.
     """
+    warn_if_warmup_outlasts_the_run("lamb", learning_rate, warmup_steps, total_steps)
     schedule = warmup_linear_decay(learning_rate, warmup_steps, total_steps)
     parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
     parts += [

@@ -193,6 +193,12 @@ def _text_file_documents(spec: str, max_line_chars: int) -> Iterator[Document]:
         if not paths:
             raise CorpusError(f"no files match '{pattern}': check the path or glob")
         for path in paths:
+            if tf.io.gfile.isdir(path):
+                folder = path.rstrip("/")
+                raise CorpusError(
+                    f"'{path}' is a folder: pass a glob of its files, e.g. --corpus='{folder}/*.txt' "
+                    f"(or '{folder}/*.txt.gz')"
+                )
             yield from _read_text_file(path, max_line_chars)
 
 

@@ -40,6 +40,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import struct
 import sys
 import time
@@ -53,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from core import cli
-from core.errors import UserError
+from core.errors import Interrupted, UserError
 from data import corpora, shards, tokenizers
 
 _BATCH_DOCUMENTS = 64
@@ -179,6 +180,14 @@ class ShardWriter:
         for path in self.all_paths:
             if tf.io.gfile.exists(path + _UNSORTED):
                 tf.io.gfile.remove(path + _UNSORTED)
+
+    def remove_shards(self) -> None:
+        """Deletes the shards written so far (after a failure that comes once they are: a shard
+        left empty, too few documents, Ctrl-C)."""
+        self.remove_unsorted()
+        for path in self.all_paths:
+            if tf.io.gfile.exists(path):
+                tf.io.gfile.remove(path)
 
     def manifest_counts(self) -> dict:
         """The manifest's fields from the counts: splits (files and SplitStats), the dropped
@@ -307,6 +316,15 @@ class _Workers:
             initializer=_init_worker,
             initargs=(tokenizer_path,),
         )
+        # Ctrl-C reaches every process of the terminal's group: the workers (which inherit an
+        # ignored SIGINT through exec) leave it to this process, which stops them and says so
+        # in one line, instead of a traceback from each of them.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for _ in range(num_workers):  # each starts a worker while none is idle
+                self._pool.submit(int)
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def __enter__(self) -> _Workers:
         return self
@@ -404,6 +422,10 @@ def _existing_output(output: str, fingerprint: str, overwrite: bool, log) -> sha
             "pass --overwrite to replace them, or choose another --output"
         )
     tf.io.gfile.remove(manifest_path)
+    for split in existing.splits:  # another shard count's files would stay beside the new ones
+        for path in existing.files(split):
+            if tf.io.gfile.exists(path):
+                tf.io.gfile.remove(path)
     return None
 
 
@@ -520,12 +542,22 @@ def preprocess(
 
     start = time.time()
     writer = ShardWriter(output, {"train": num_shards, "eval": num_eval_shards}, tokenizer.vocab_size)
-    batches = _document_batches(corpus, eval_fraction, shuffle_seed, corpus_kwargs)
-    _write_shards(batches, writer, num_workers or max(1, min(os.cpu_count() or 1, 8)), tokenizer_path)
-    _check_counts(writer, corpus, eval_fraction, max_single_sentence_fraction, log)
-    tokenizer.save(os.path.join(output, shards.TOKENIZER_DIR))
-    manifest = _manifest_fields(fingerprint, corpus, tokenizer, writer, round(time.time() - start, 1))
-    shards.write_manifest(output, manifest)
+    try:
+        batches = _document_batches(corpus, eval_fraction, shuffle_seed, corpus_kwargs)
+        _write_shards(batches, writer, num_workers or max(1, min(os.cpu_count() or 1, 8)), tokenizer_path)
+        _check_counts(writer, corpus, eval_fraction, max_single_sentence_fraction, log)
+        tokenizer.save(os.path.join(output, shards.TOKENIZER_DIR))
+        manifest = _manifest_fields(fingerprint, corpus, tokenizer, writer, round(time.time() - start, 1))
+        shards.write_manifest(output, manifest)
+    except BaseException as e:
+        # No manifest: what was written is no output. Leave none of it beside a later run's.
+        writer.remove_shards()
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(
+                f"interrupted (Ctrl-C): nothing was kept in {output} (no shards, no manifest); run the same "
+                "command to start again"
+            ) from None
+        raise
     train, held_out = writer.stats["train"], writer.stats["eval"]
     log(
         f"wrote {output}: {train.documents} train / {held_out.documents} eval documents, "

@@ -52,9 +52,8 @@ def run_glue(
 ) -> dict[str, Any]:
     """Fine-tunes and evaluates every task; writes the outputs; returns results.json's content."""
     import jax
-    import tensorflow as tf
 
-    from core import sharding
+    from core import lease, sharding
     from finetune import metrics, submission, tasks
     from interop import bundle
 
@@ -68,32 +67,35 @@ def run_glue(
         workdir=workdir,
         main_process=jax.process_index() == 0,
     )
-    if setting.main_process:
-        tf.io.gfile.makedirs(workdir)
-    read = functools.partial(_read_task, glue_dir=glue_dir, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir)
-    diagnostic = read(tasks.TASKS["ax"]) if "ax" in [t.name for t in selected] else None
-    results: dict[str, Any] = {}
-    submissions: list[str] = []
-    for task in selected:
-        if task.name == "ax":
-            continue  # predicted with the MNLI model (_test_sets)
-        results[task.name] = _finetune_task(task, read(task), diagnostic, setting)
-        submissions += results[task.name]["submission_files"]
+    with lease.held(workdir, "finetune.glue"):  # one run per workdir (core/lease.py)
+        read = functools.partial(
+            _read_task, glue_dir=glue_dir, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir
+        )
+        diagnostic = read(tasks.TASKS["ax"]) if "ax" in [t.name for t in selected] else None
+        results: dict[str, Any] = {}
+        submissions: list[str] = []
+        for task in selected:
+            if task.name == "ax":
+                continue  # predicted with the MNLI model (_test_sets)
+            results[task.name] = _finetune_task(task, read(task), diagnostic, setting)
+            submissions += results[task.name]["submission_files"]
 
-    summary = {
-        "init_from": init_from,
-        "pretrained_step": setting.pretrained.step,
-        "source": "tfds" if use_tfds else glue_dir,
-        "glue_score": metrics.glue_score({name: entry["score_median"] for name, entry in results.items()}),
-        "glue_score_tasks": list(results),
-        "tasks": results,
-        "submission_files": submissions,
-        "submission_complete": set(submission.SUBMISSION_FILES) <= set(submissions),
-        "wall_seconds": time.time() - start,
-    }
-    if setting.main_process:
-        _write_summary(workdir, summary)
-    return summary
+        summary = {
+            "init_from": init_from,
+            "pretrained_step": setting.pretrained.step,
+            "source": "tfds" if use_tfds else glue_dir,
+            "glue_score": metrics.glue_score(
+                {name: entry["score_median"] for name, entry in results.items()}
+            ),
+            "glue_score_tasks": list(results),
+            "tasks": results,
+            "submission_files": submissions,
+            "submission_complete": set(submission.SUBMISSION_FILES) <= set(submissions),
+            "wall_seconds": time.time() - start,
+        }
+        if setting.main_process:
+            _write_summary(workdir, summary)
+        return summary
 
 
 @dataclasses.dataclass(frozen=True)

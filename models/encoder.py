@@ -90,6 +90,14 @@ REMAT_POLICIES = {
 }
 
 
+# EncoderConfig's fields that say how the model is computed, not what it is: a pretraining
+# run may resume with other values of these (pretrain/launches.py), every other field
+# changes what its checkpoints mean.
+COMPUTE_FIELDS = frozenset(
+    {"dtype", "attention_implementation", "matmul_accumulation", "remat_policy", "dropout_bits"}
+)
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:

@@ -165,6 +165,14 @@ def _plot(workdir: str, path: str, headline: str) -> None:
 
 
 def _run(args) -> None:
+    from core import lease
+
+    cli.setup_logging()
+    with lease.held(args.workdir, "pretrain.demo"):  # one demo per workdir (core/lease.py)
+        _demo(args)
+
+
+def _demo(args) -> None:
     import gin
 
     from core import metrics_log
@@ -174,7 +182,6 @@ def _run(args) -> None:
     from models.encoder import EncoderConfig
     from pretrain import trainer
 
-    cli.setup_logging()
     start = time.time()
     workdir = args.workdir
     data_dir = os.path.join(workdir, "data")

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from core import checkpointing, prng, sharding
+from core import lease as workdir_lease
 from core import workdir as workdir_lib
 from core.checkpointing import Checkpointer
 from core.errors import ConfigError
@@ -38,6 +39,7 @@ from core.throughput import Throughput, format_duration
 from data import pipeline, shards
 from interop import bundle, warm_start
 from models.encoder import EncoderConfig
+from pretrain import launches
 from pretrain import step as step_lib
 from pretrain.monitor import StepMonitor
 from pretrain.objectives import make_objective
@@ -164,8 +166,11 @@ def run(workdir: str, settings: RunSettings | None = None, *, mesh_spec: str | N
     returned dict then has `stopped_by` and no summary.json is written.
     """
     trainer = Trainer(workdir, settings if settings is not None else RunSettings(), mesh_spec=mesh_spec)
-    state, iterator, resumed_from = trainer.restore_or_init()
-    return trainer.finish(trainer.train(state, iterator), resumed_from)
+    try:
+        state, iterator, resumed_from = trainer.restore_or_init()
+        return trainer.finish(trainer.train(state, iterator), resumed_from)
+    finally:
+        trainer.lease.release()
 
 
 @dataclasses.dataclass
@@ -186,8 +191,10 @@ class Trainer:
     """One call of `run`: everything built once, then the phases of the run."""
 
     def __init__(self, workdir: str, settings: RunSettings, *, mesh_spec: str | None = None):
-        """Prepare: check the data, mesh, workdir and disk; build the objective, the sharded
-        steps and the checkpointer. Nothing is trained and no state is allocated yet."""
+        """Prepare: check the data, mesh and batch, take the workdir's lease, then check the
+        workdir and disk and the launch's settings against the workdir's history, and build the
+        objective, the sharded steps and the checkpointer (`_prepare`). Nothing is trained and
+        no state is allocated yet; the caller releases `self.lease`."""
         s = self.settings = settings
         self.workdir = workdir
         self.start_time = time.time()
@@ -199,6 +206,19 @@ class Trainer:
         )
         if s.init_from is not None and not workdir_lib.finished_steps(workdir):
             warm_start.check_source(s.init_from, self.manifest)  # before anything is written
+        # The workdir's lease (core/lease.py) before anything is written: a second launch on a
+        # live run's workdir stops here, writing nothing.
+        self.lease = workdir_lease.acquire(workdir, "pretraining")
+        try:
+            self._prepare()
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def _prepare(self) -> None:
+        """Builds the objective, the sharded steps and the checkpointer, after the launch's
+        settings are checked against the workdir's history."""
+        s, workdir = self.settings, self.workdir
         checkpointing.check_writable(workdir)
         self.phases = Phases(
             s.pipeline_config, s.phase2_start, s.phase2_pipeline_config, s.steps, s.model_config
@@ -211,6 +231,7 @@ class Trainer:
         self.objective = make_objective(s.model_config, s.pipeline_config)
         self.batch_keys = self._check_batch_keys()
         optimizer, schedule = s.optimizer_fn(total_steps=s.steps)
+        self.changes, self.restart_stream = self._check_launch()
         self.steps = step_lib.build(
             objective=self.objective,
             optimizer=optimizer,
@@ -227,6 +248,23 @@ class Trainer:
         checkpointing.check_free_space(workdir, checkpointing.state_bytes(saved), s.max_checkpoints)
         self.ckpt = Checkpointer(workdir, max_to_keep=s.max_checkpoints, save_carry=s.checkpoint_carry)
         self.writer = MetricsWriter(workdir)
+
+    def _check_launch(self) -> tuple[list[launches.Change], bool]:
+        """This launch's settings against the workdir's last launch, when it resumes
+        (pretrain/launches.py): returns the changes carried out and whether the data stream
+        restarts; raises ConfigError for a change a resume may not make."""
+        self.view = launches.settings_view(self.settings, self.objective)
+        if not workdir_lib.finished_steps(self.workdir):
+            return [], False
+        before = launches.previous(self.workdir)
+        if before is None:
+            log.info(
+                "%s has no launch history (an older version's workdir): it starts with this launch",
+                self.workdir,
+            )
+            return [], False
+        changed = launches.changes(before, self.view, self.manifest.fields.get("fingerprint"))
+        return changed, launches.check(changed, self.workdir, before, self.settings.reset_data_iterator)
 
     def _check_batch_keys(self) -> tuple[str, ...]:
         """The keys the objective reads (the same in every phase); each must be in every
@@ -269,7 +307,7 @@ class Trainer:
         # Written only once the state is in hand: a refused restore (a checkpoint of another
         # model or input pipeline) or a failed warm start leaves the workdir's description of
         # its checkpoints as it was.
-        self._write_run_info()
+        self._write_run_info(resumed_from=restored[2])
         return restored
 
     def _restore_or_init(self) -> tuple[TrainState, tf.data.Iterator, int | None]:
@@ -283,7 +321,10 @@ class Trainer:
             return iterators[step]
 
         state, resumed_from = self.ckpt.restore_latest(
-            self.steps.states.abstract, iterator_for, reset_iterator=s.reset_data_iterator
+            self.steps.states.abstract,
+            iterator_for,
+            reset_iterator=s.reset_data_iterator,
+            restart_stream=self.restart_stream,
         )
         if resumed_from is not None:
             log.info(
@@ -305,13 +346,23 @@ class Trainer:
         # A stream no failed restore has touched.
         return state, self.train_iterator(0), None
 
-    def _write_run_info(self) -> None:
-        """config.gin (also as TensorBoard text), and the model config and tokenizer that
-        readers of the workdir load."""
+    def _write_run_info(self, resumed_from: int | None) -> None:
+        """This launch's record in the launch history (pretrain/launches.py), config.gin (also
+        as TensorBoard text), and the model config and tokenizer that readers of the workdir
+        load."""
         s = self.settings
         config = gin.config_str()
         self.writer.text("config", config)
         if jax.process_index() == 0:
+            record = launches.append(
+                self.workdir,
+                launch_id=self.lease.launch_id,
+                resumed_from=resumed_from,
+                data_fingerprint=self.manifest.fields.get("fingerprint"),
+                changed=self.changes,
+                view=self.view,
+            )
+            log.info("launch recorded in %s", record)
             with tf.io.gfile.GFile(os.path.join(self.workdir, "config.gin"), "w") as f:
                 f.write(config)
             bundle.write_model_info(self.workdir, s.model_config, s.data_dir)
@@ -387,6 +438,7 @@ class Trainer:
                     jax.block_until_ready(metrics)
                     log.info("step %d done (compilation included) in %.1f s", step, rates.begin())
                 if step % s.log_every == 0 or step == s.steps:
+                    self.lease.check()  # another launch owns the workdir now: write nothing more
                     last_train = monitor.summary(step)  # the fetch: step `step` is complete
                     last_train.update(rates.close(step, self._evals_left(step)))
                     self.writer.write(step, "train", last_train)
@@ -397,6 +449,7 @@ class Trainer:
                         eval_values = self.evaluate(state.params, step)
                 if step % s.checkpoint_every == 0 or step == s.steps or stopping:
                     monitor.check(step)  # never write a non-finite state
+                    self.lease.check()
                     self.ckpt.save(step, state, iterator)
         self.ckpt.close()
         return Outcome(
@@ -450,6 +503,7 @@ class Trainer:
             )
             self.writer.close()
             return {"step": outcome.step, "stopped_by": outcome.stopped_by, "resumed_from": resumed_from}
+        self.lease.check()
         with tf.io.gfile.GFile(os.path.join(self.workdir, "operative_config.gin"), "w") as f:
             f.write(gin.operative_config_str())
         eval_values = outcome.eval_values

@@ -231,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         for step in kill_steps:
             code, log = scenario.run_until(step, signal.SIGKILL)
             _expect(code == -signal.SIGKILL, f"SIGKILL at step {step}: exit code {code}\n{log[-2000:]}")
+            # The run killed before this one left its lease (core/lease.py): taken over at once.
+            _expect(
+                "took over the lease of pretraining" in log and "whose process has ended" in log,
+                f"SIGKILL at step {step}: the killed run's lease was not taken over:\n{log[-2000:]}",
+            )
             match = re.search(r"resumed from step (\d+)", log)
             resumed_from.append(int(match.group(1)) if match else 0)
         _expect(

@@ -259,3 +259,65 @@ def test_peer_benchmark_outside_its_venv_is_one_line():
         "error: bench.peer_hf needs transformers==4.57.6 (Flax models): run `make bench-peer-venv`, "
         "then .venv-peer/bin/python -m bench.peer_hf"
     ]
+
+
+@pytest.mark.parametrize("final_line", [True, False])
+def test_an_unclosed_bracket_in_a_gin_file_or_binding_is_one_line_naming_it(tmp_path, capsys, final_line):
+    """gin reads the rest of the file as the open value: a traceback of Python's tokenizer at
+    the end of the text, or an error on a later line. The line of the bracket is named."""
+    from pretrain import summary
+
+    lines = ["include 'configs/runs/demo.gin'", "adamw.learning_rate = (1e-3"]
+    if not final_line:
+        lines.append("run.steps = 4")
+    gin_file = tmp_path / "mine.gin"
+    gin_file.write_text("\n".join(lines) + "\n")
+    result = cli_run.run(summary.main, [f"--gin_file={gin_file}"], capsys)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.errors() == [
+        f"error: {gin_file}:2: the '(' of `adamw.learning_rate = (1e-3` is never closed: close it on that "
+        "line (a value that spans lines needs its closing bracket too)"
+    ]
+    binding = "adamw.learning_rate = [1e-3"
+    result = cli_run.run(
+        summary.main, ["--gin_file=configs/runs/demo.gin", f"--gin_bindings={binding}"], capsys
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.errors()[0].startswith(
+        f"error: --gin_bindings '{binding}': the '[' of `{binding}` is never"
+    )
+
+
+def test_a_model_file_whose_encoder_has_no_pooler_is_told_about_the_sentence_objective(capsys):
+    """XLNet's model file alone gets the default recipe's NSP head, which needs a pooler: the
+    line names that cause, not the pooler setting the model file already makes."""
+    from pretrain import summary
+
+    result = cli_run.run(summary.main, ["--gin_file=configs/models/xlnet_base.gin"], capsys)
+    assert result.returncode == 2 and result.errors() == [
+        "error: PipelineConfig.sentence_objective = 'nsp' puts a sentence head on the pooler, but XLNet's "
+        "encoder has no pooler: add the model's recipe (--gin_file=configs/recipes/...), or bind "
+        "PipelineConfig.sentence_objective = 'none'"
+    ]
+
+
+@pytest.mark.slow
+def test_no_tensorflow_lines_come_before_a_tools_error(tmp_path):
+    """`python -m interop.convert` imports its package before its __main__: TensorFlow's C++
+    start-up lines (the oneDNN notice) must not precede the tool's one line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "interop.convert",
+            "import",
+            f"--from=hf:{tmp_path}/nope",
+            f"--workdir={tmp_path}/w",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and result.stderr == f"error: hf:{tmp_path}/nope: not a directory\n"

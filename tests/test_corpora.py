@@ -82,6 +82,16 @@ def test_missing_glob(tmp_path):
         list(corpora.iter_documents(f"{good},{tmp_path}/nope*.txt"))
 
 
+def test_a_folder_as_corpus_points_to_a_glob(tmp_path):
+    _write(tmp_path / "a.txt", "A.\n")
+    with pytest.raises(CorpusError) as e:
+        list(corpora.iter_documents(str(tmp_path)))
+    assert str(e.value) == (
+        f"'{tmp_path}' is a folder: pass a glob of its files, e.g. --corpus='{tmp_path}/*.txt' "
+        f"(or '{tmp_path}/*.txt.gz')"
+    )
+
+
 def test_bad_utf8_names_file_and_line(tmp_path):
     path = _write(tmp_path / "latin1.txt", "Fine.\n\n".encode() + "Caf\u00e9.\n".encode("latin-1"))
     with pytest.raises(CorpusError) as e:

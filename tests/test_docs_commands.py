@@ -9,7 +9,10 @@ import glob
 import os
 import re
 import shlex
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from core import cli
@@ -139,3 +142,58 @@ def test_the_commands_are_read_as_a_reader_reads_them():
         ["--tasks=all|cola"],
     )
     assert _module_args(["python", "-m", "pip", "install"]) is None
+
+
+def _readme_section_commands(heading: str) -> list[str]:
+    """The commands of the first shell block after the README's `heading`."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text[text.index(heading) :]
+    block = section[section.index("```sh") + len("```sh") : section.index("```", section.index("```sh") + 5)]
+    commands, pending = [], ""
+    for line in block.splitlines():
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+        elif (pending + line).strip() and not line.strip().startswith("#"):
+            commands.append((pending + line).strip())
+            pending = ""
+    return commands
+
+
+@pytest.mark.slow(120)
+@pytest.mark.extended
+def test_the_readmes_own_corpus_commands_run_as_written(tmp_path):
+    """The README's own-corpus section, from a corpus glob to fill-mask and features, run in a
+    folder holding only `corpus/` (120 documents of the demo corpus in two files, as a
+    user's) and the repository's configs. One edit: 20 steps instead of the section's 300
+    (asserted there)."""
+    from data import corpora
+
+    commands = _readme_section_commands("## Pretraining your own model")
+    assert [shlex.split(c)[2] for c in commands] == [
+        "data.tokenizers",
+        "data.preprocess",
+        "pretrain.train",
+        "interop.predict",
+        "interop.encode",
+    ]
+    assert sum('"run.steps=300"' in c for c in commands) == 1
+    documents = list(corpora.iter_documents("demo"))[:120]  # enough for 4 shards, and quick
+    (tmp_path / "corpus").mkdir()
+    for i, part in enumerate((documents[: len(documents) // 2], documents[len(documents) // 2 :])):
+        text = "\n\n".join("\n".join(d.sentences) for d in part)
+        (tmp_path / "corpus" / f"part_{i:02d}.txt").write_text(text + "\n")
+    os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    outputs = []
+    for command in commands:
+        words = shlex.split(command.replace('"run.steps=300"', '"run.steps=20"'))
+        result = subprocess.run(
+            [sys.executable, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+        outputs.append(result.stdout)
+    assert "done: step 20" in outputs[2]
+    assert outputs[3].splitlines()[1].startswith("  mask 1: ")
+    with np.load(tmp_path / "runs/mine_tiny/features.npz") as features:
+        assert features["last_hidden_state"].shape[-1] == 128

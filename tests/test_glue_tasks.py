@@ -1,5 +1,6 @@
 """GLUE readers: every task's official layout read completely and correctly; clear errors."""
 
+import logging
 import os
 
 import numpy as np
@@ -62,6 +63,21 @@ def test_mnli_splits_and_ax(glue):
     assert (
         ax.train == [] and ax.dev == {} and len(ax.test["diagnostic"]) == len(expected[("ax", "diagnostic")])
     )
+
+
+def test_a_folder_without_test_files_gives_dev_results_only(tmp_path, caplog):
+    """A user's own split often has train and dev files only: no test rows, no leaderboard
+    file, and a log line that says so; AX, which is nothing but its test file, stays required."""
+    write_glue_dir(str(tmp_path))
+    os.remove(tmp_path / "RTE" / "test.tsv")
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        data = read_glue_dir(str(tmp_path), TASKS["rte"])
+    assert data.test == {} and data.train and data.dev["dev"]
+    assert "rte: no RTE/test.tsv: dev results only, no leaderboard file" in caplog.text
+    for path in (tmp_path / "diagnostic").glob("*.tsv"):
+        os.remove(path)
+    with pytest.raises(GlueDataError, match="missing "):
+        read_glue_dir(str(tmp_path), TASKS["ax"])
 
 
 def test_missing_file_names_it(tmp_path):

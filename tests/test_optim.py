@@ -3,6 +3,7 @@ ALBERT's LAMB (trust ratio, masked like the weight decay), and ELECTRA's warmup 
 layer-wise learning-rate decay (against google-research/electra's formulas)."""
 
 import dataclasses
+import logging
 
 import flax.linen as nn
 import jax
@@ -372,3 +373,15 @@ def test_layerwise_decay_refuses_shared_layers_and_bad_values():
     bert = {"encoder": {"pooler": {"kernel": 0}, "layer_1": {"kernel": 0}}, "classifier": {"kernel": 0}}
     factors = optim.layerwise_lr_factors(bert, 0.5, 2)
     assert (factors["encoder"]["layer_1"]["kernel"], factors["encoder"]["pooler"]["kernel"]) == (0.25, 0.5)
+
+
+def test_a_run_shorter_than_its_warmup_warns_in_one_line(caplog):
+    """BERT's recipe (10,000 warm-up steps) with run.steps = 40 trains at 0.4% of the peak
+    throughout: one warning names both numbers and the binding to change."""
+    with caplog.at_level(logging.WARNING, logger="core.optim"):
+        optim.adamw(total_steps=40)
+        optim.lamb(total_steps=100_000)  # ALBERT's 3,125 warm-up steps: nothing to say
+    assert [r.getMessage() for r in caplog.records] == [
+        "run.steps = 40 ends inside adamw.warmup_steps = 10000: the learning rate never gets past 4e-07 "
+        "(0.4% of adamw.learning_rate = 0.0001); bind adamw.warmup_steps below 40 (a tenth of the run: 4)"
+    ]

@@ -4,8 +4,10 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -120,8 +122,19 @@ def test_rerun_is_a_noop_and_changed_input_needs_overwrite(tmp_path, tokenizer_d
     with pytest.raises(preprocess.PreprocessError, match="--overwrite"):
         preprocess.preprocess(str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2)
     preprocess.preprocess(
-        str(corpus), tokenizer_dir, out, num_workers=1, eval_fraction=0.2, overwrite=True, log=lambda *_: None
+        str(corpus),
+        tokenizer_dir,
+        out,
+        num_workers=1,
+        eval_fraction=0.2,
+        overwrite=True,
+        num_shards=3,
+        log=lambda *_: None,
     )
+    # the replaced shards (8 train files) are gone, not left beside the new ones
+    assert sorted(name for name in os.listdir(out) if name.startswith("train-")) == [
+        f"train-0000{i}-of-00003.tfrecord" for i in range(3)
+    ]
 
 
 def test_single_sentence_documents_warn_then_fail_when_most(tmp_path, tokenizer_dir):
@@ -142,17 +155,24 @@ def test_single_sentence_documents_warn_then_fail_when_most(tmp_path, tokenizer_
         )
 
 
-def test_a_shard_left_empty_by_the_hash_is_an_error(tmp_path, tokenizer_dir):
+def test_a_shard_left_empty_by_the_hash_is_an_error_and_leaves_no_shard(tmp_path, tokenizer_dir):
+    """The error comes once the shards are written: they are removed (no manifest, so they are
+    no output), and a rerun with fewer shards leaves only its own."""
     _write_corpus(tmp_path / "c.txt", num_docs=6)
+    out = tmp_path / "o"
     with pytest.raises(preprocess.PreprocessError, match="got none of the 6 train documents.*fewer shards"):
         preprocess.preprocess(
-            str(tmp_path / "c.txt"),
-            tokenizer_dir,
-            str(tmp_path / "o"),
-            num_shards=16,
-            eval_fraction=0.0,
-            num_workers=1,
+            str(tmp_path / "c.txt"), tokenizer_dir, str(out), num_shards=16, eval_fraction=0.0, num_workers=1
         )
+    assert os.listdir(out) == []
+    preprocess.preprocess(
+        str(tmp_path / "c.txt"), tokenizer_dir, str(out), num_shards=2, eval_fraction=0.0, num_workers=1
+    )
+    assert sorted(p.name for p in out.glob("*.tfrecord")) == [
+        "eval-00000-of-00001.tfrecord",
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
 
 
 def test_shard_writer_routes_counts_and_sorts_documents(tmp_path):
@@ -530,3 +550,47 @@ def test_preprocess_refuses_impossible_counts_before_reading(tmp_path, options, 
     with pytest.raises(preprocess.PreprocessError, match=re.escape(message)):
         preprocess.preprocess("demo", "nowhere", str(tmp_path / "o"), **options)
     assert not (tmp_path / "o").exists()
+
+
+def _interrupted(args: list[str], when) -> subprocess.CompletedProcess:
+    """`python -m data.preprocess ARGS` in a session of its own (as a terminal's foreground
+    job, SIGINT not ignored), Ctrl-C sent to its whole process group (the workers too) once
+    `when()` is true."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "data.preprocess", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 120
+    while not when() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+@pytest.mark.slow(30)
+@pytest.mark.extended
+def test_ctrl_c_in_preprocessing_is_one_line_and_keeps_nothing(tmp_path, tokenizer_dir):
+    """Ctrl-C reaches the tool and its workers: one line that says what was kept, status 130,
+    whether it comes while the tool imports or while the workers tokenize."""
+    _write_corpus(tmp_path / "c.txt", num_docs=20000)
+    out = tmp_path / "out"
+    args = ["--corpus", str(tmp_path / "c.txt"), "--tokenizer", tokenizer_dir, "--output", str(out)]
+    launched = time.monotonic()  # a second in, it is importing TensorFlow (3 s or more)
+    starting = _interrupted([*args, "--num_workers=2"], when=lambda: time.monotonic() > launched + 1)
+    assert (starting.returncode, starting.stderr) == (
+        130,
+        "error: interrupted (Ctrl-C) while starting; nothing was done\n",
+    )
+    working = _interrupted([*args, "--num_workers=2"], when=lambda: any(out.glob("*.unsorted")))
+    assert working.returncode == 130, working.stderr[-3000:]
+    assert working.stderr == (
+        f"error: interrupted (Ctrl-C): nothing was kept in {out} (no shards, no manifest); run the same "
+        "command to start again\n"
+    )
+    assert os.listdir(out) == []

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +22,11 @@ import pytest
 import tensorflow as tf
 
 from core import checkpointing, preemption
+from core.errors import ConfigError
 from data import pipeline
 from interop import bundle
 from models.encoder import EncoderConfig
+from pretrain import launches
 from pretrain.monitor import DivergedError
 from tests import tiny
 
@@ -101,6 +104,10 @@ def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, synthetic_s
     tiny.run(tmp_path, synthetic_shards, steps=5)
     described = {name: (tmp_path / name).read_text() for name in ("model_config.json", "config.gin")}
     wider = EncoderConfig(**{**tiny.TINY.__dict__, "intermediate_size": 48})
+    with pytest.raises(ConfigError, match="EncoderConfig.intermediate_size = 48, but the checkpoints in"):
+        tiny.run(tmp_path, synthetic_shards, steps=10, model_config=wider)
+    # Without a launch history (an older version's workdir), the checkpoint's shapes say it.
+    shutil.rmtree(tmp_path / launches.LAUNCHES_DIR)
     with pytest.raises(
         checkpointing.CheckpointError,
         match=r"has parameter encoder/layer_0/intermediate/bias of shape \(64,\), the config gives \(48,\)",
@@ -118,9 +125,16 @@ def test_checkpoint_of_another_model_is_an_error_and_stays(tmp_path, synthetic_s
 def test_data_position_of_another_pipeline_is_an_error_not_damage(tmp_path, synthetic_shards, caplog):
     """A changed input pipeline cannot read the saved data position: one error line and
     every checkpoint stays where it is (it is not damaged); run.reset_data_iterator keeps
-    the model and optimizer state and restarts the data stream."""
+    the model and optimizer state and restarts the data stream. The launch history refuses
+    a changed PipelineConfig first; the data position's own check is what is left for a
+    workdir without one (an older version's, or pipeline code changed since)."""
     tiny.run(tmp_path, synthetic_shards, steps=5)
     unshuffled = dataclasses.replace(tiny.DATA, instance_shuffle_buffer=1)  # another dataset graph
+    with pytest.raises(
+        ConfigError, match="PipelineConfig.instance_shuffle_buffer = 1, but the checkpoints in"
+    ):
+        tiny.run(tmp_path, synthetic_shards, steps=10, pipeline_config=unshuffled)
+    shutil.rmtree(tmp_path / launches.LAUNCHES_DIR)
     with pytest.raises(checkpointing.IteratorMismatchError, match="holds the data position of another input"):
         tiny.run(tmp_path, synthetic_shards, steps=10, pipeline_config=unshuffled)
     assert os.listdir(tmp_path / "checkpoints") == ["5"]

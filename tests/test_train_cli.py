@@ -4,6 +4,10 @@ inputs give one `error:` line, exit 2, and leave existing checkpoints untouched.
 import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -135,3 +139,134 @@ def test_init_from_a_folder_without_a_model_writes_nothing(run_setup, tmp_path, 
     assert result.errors()[0].startswith(f"error: run.init_from '{empty}': no finished checkpoint in")
     assert result.errors()[0].endswith("(it takes a workdir of pretrain.train or interop.convert import)")
     assert not workdir.exists() and os.listdir(empty) == []
+
+
+def _copy(workdir, tmp_path):
+    """The trained workdir's copy, for a test that trains in it further."""
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("compilation_cache"))
+    return copy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # no steps left
+        (
+            ["run.batch_size = 16"],
+            "run.batch_size = 16, but the checkpoints in {w} were trained with 8 ({w}/launches/0001.json): "
+            "resume with run.batch_size = 8, or bind run.reset_data_iterator = True to go on",
+        ),
+        # steps left, and a change that is allowed beside the one that is not
+        (
+            ["run.steps = 4", "run.batch_size = 16"],
+            "run.batch_size = 16, but the checkpoints in {w} were trained with 8",
+        ),
+        (["PipelineConfig.max_seq_length = 16"], "PipelineConfig.max_seq_length = 16, but the checkpoints"),
+        (
+            ["EncoderConfig.num_layers = 1", "PipelineConfig.masking = 'dynamic'"],
+            "EncoderConfig.num_layers = 1, but the checkpoints in {w} were trained with 2 "
+            "({w}/launches/0001.json): resume with EncoderConfig.num_layers = 2, or start a new --workdir "
+            "(run.init_from = '{w}' begins it from these parameters)",
+        ),
+        (
+            ["adamw.weight_decay = 0.1"],
+            "adamw.weight_decay = 0.1, but the checkpoints in {w} were trained with 0.01",
+        ),
+    ],
+)
+def test_a_resume_that_changes_what_the_checkpoints_mean_is_refused_and_writes_nothing(
+    trained, capsys, extra, message
+):
+    gin_file, workdir = trained
+    before = _tree_hash(workdir)
+    args = [f"--gin_file={gin_file}", f"--workdir={workdir}", *(f"--gin_bindings={b}" for b in extra)]
+    result = cli_run.run(train.main, args, capsys)
+    assert result.returncode == 2 and len(result.errors()) == 1, result.stderr[-3000:]
+    assert message.format(w=workdir) in result.errors()[0]
+    assert "Traceback" not in result.stderr
+    assert _tree_hash(workdir) == before
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_batch_and_reset_data_iterator_goes_on_and_is_recorded(
+    trained, capsys, tmp_path
+):
+    """The documented way on with a new global batch: the model and optimizer state go on,
+    the data stream restarts, the log and the launch history say so; the first launch's
+    record still holds the config that trained the first checkpoints."""
+    gin_file, workdir = trained
+    copy = _copy(workdir, tmp_path)
+    first = json.loads((copy / "launches" / "0001.json").read_text())
+    bindings = ["run.steps = 4", "run.batch_size = 16", "run.reset_data_iterator = True"]
+    args = [f"--gin_file={gin_file}", f"--workdir={copy}", *(f"--gin_bindings={b}" for b in bindings)]
+    result = cli_run.run(train.main, args, capsys)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "this launch changes run.batch_size: 8 -> 16 (the checkpoints go on)" in result.stderr
+    assert "this launch changes run.steps: 2 -> 4" in result.stderr
+    assert (
+        "the data stream restarts from its beginning (run.reset_data_iterator, and run.batch_size"
+        in result.stderr
+    )
+    assert "resumed from step 2" in result.stderr and "done: step 4" in result.stdout
+    records = sorted((copy / "launches").iterdir())
+    last = json.loads(records[-1].read_text())
+    assert json.loads(records[0].read_text()) == first and first["settings"]["run.batch_size"] == "8"
+    assert "run.batch_size = 8" in first["config"]
+    assert {c["setting"]: (c["was"], c["now"]) for c in last["changes"]} == {
+        "run.batch_size": ("8", "16"),
+        "run.reset_data_iterator": ("False", "True"),
+        "run.steps": ("2", "4"),
+    }
+    assert last["resumed_from"] == 2 and last["settings"]["run.batch_size"] == "16"
+    assert "run.batch_size = 16" in (copy / "config.gin").read_text()
+
+
+@pytest.mark.slow(30)
+@pytest.mark.extended
+def test_a_second_launch_on_a_live_runs_workdir_is_refused_and_the_first_finishes(
+    run_setup, tmp_path, capsys
+):
+    """The same command twice on one workdir (a scheduler relaunching a live job): the second
+    exits at once with one line naming the first and writes nothing; the first finishes,
+    with one metrics row per (split, step)."""
+    gin_file, _ = run_setup
+    workdir = tmp_path / "run"
+    args = [f"--gin_file={gin_file}", f"--workdir={workdir}", "--gin_bindings=run.steps = 12"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pretrain.train", *args],
+        cwd=ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = []
+        for line in first.stderr:  # until it has trained a step: the lease is long taken then
+            lines.append(line)
+            if "compilation included" in line:
+                break
+        else:
+            pytest.fail("".join(lines[-30:]))
+        from pretrain import trainer  # noqa: F401  (the imports' seconds are not the refusal's)
+
+        start = time.monotonic()
+        second = cli_run.run(train.main, args, capsys)
+        refused_in = time.monotonic() - start
+        rest = first.communicate(timeout=300)[1]
+    finally:
+        first.kill()
+    assert first.returncode == 0, "".join(lines) + rest
+    assert second.returncode == 2 and len(second.errors()) == 1 and "Traceback" not in second.stderr
+    assert second.errors()[0].startswith(
+        f"error: workdir '{workdir}' is in use by pretraining (pid {first.pid} on "
+    )
+    assert refused_in < 10, refused_in
+    rows = [
+        (r["split"], r["step"]) for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
+    ]
+    assert len(rows) == len(set(rows)) and ("train", 12) in rows
+    assert len(list((workdir / "tensorboard").iterdir())) == 1
+    assert len(list((workdir / "launches").iterdir())) == 1
+    assert not (workdir / "lease.json").exists()

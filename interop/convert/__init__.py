@@ -16,6 +16,10 @@ embeddings (an untied decoder is refused). A converted workdir records in
 out of the parameters rather than filled with random values.
 """
 
+# `python -m interop.convert` imports this package before its __main__: TensorFlow's
+# environment first, or its C++ start-up lines come before the tool's own output.
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
+
 from interop.convert.format import OPTIONAL_GROUPS, ModelFormat, present_groups
 from interop.convert.formats import FORMATS, format_of
 from interop.convert.hf import (

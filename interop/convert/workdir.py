@@ -10,6 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from core import lease
 from core import workdir as workdir_lib
 from data import tokenizers
 from interop import bundle
@@ -40,9 +41,10 @@ class Imported:
 
 def write_workdir(workdir: str, imported: Imported) -> None:
     """Writes `imported` as a workdir (step 0) that `load_pretrained` reads, plus converted_from.json."""
-    if tf.io.gfile.exists(os.path.join(workdir, workdir_lib.MODEL_CONFIG)):
-        raise ConversionError(f"'{workdir}' already holds a model: choose a new --workdir")
-    bundle.save_pretrained(workdir, imported.config, imported.params, imported.tokenizer, step=0)
-    info = {"source": imported.source, "model_type": imported.model_type, "groups": imported.groups}
-    with tf.io.gfile.GFile(os.path.join(workdir, CONVERTED_FROM), "w") as f:
-        json.dump(info, f, indent=2)
+    with lease.held(workdir, "interop.convert import"):  # one writer per workdir (core/lease.py)
+        if tf.io.gfile.exists(os.path.join(workdir, workdir_lib.MODEL_CONFIG)):
+            raise ConversionError(f"'{workdir}' already holds a model: choose a new --workdir")
+        bundle.save_pretrained(workdir, imported.config, imported.params, imported.tokenizer, step=0)
+        info = {"source": imported.source, "model_type": imported.model_type, "groups": imported.groups}
+        with tf.io.gfile.GFile(os.path.join(workdir, CONVERTED_FROM), "w") as f:
+            json.dump(info, f, indent=2)

@@ -9,6 +9,7 @@ losses and metrics are float32.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 import optax
 
 from core import flops
+from core.errors import ConfigError
 from data.pipeline_config import PipelineConfig
 from models.encoder import EncoderConfig
 from models.pretraining import BertPretrainingModel
@@ -51,6 +53,22 @@ def sentence_loss_and_metrics(logits: jax.Array, labels: jax.Array) -> dict[str,
     }
 
 
+def _check_pooler_possible(model_config: EncoderConfig, sentence_objective: str) -> None:
+    """The sentence head reads a pooler, which the pretraining model adds to the encoder
+    (models/pretraining.py); an encoder that cannot have one (XLNet's) is refused here, in
+    words about the sentence objective, the real cause (a model file alone gets the default
+    recipe's NSP)."""
+    try:
+        dataclasses.replace(model_config, pooler=True)
+    except ConfigError as e:
+        reason = str(e).split(": set ", 1)[0].split(", but ", 1)[-1]
+        raise ConfigError(
+            f"PipelineConfig.sentence_objective = {sentence_objective!r} puts a sentence head on the "
+            f"pooler, but {reason}: add the model's recipe (--gin_file=configs/recipes/...), or bind "
+            "PipelineConfig.sentence_objective = 'none'"
+        ) from None
+
+
 @gin.configurable
 class MaskedLM(Objective):
     """MLM (+ NSP/SOP): the sentence head exists iff the pipeline makes sentence labels
@@ -68,6 +86,8 @@ class MaskedLM(Objective):
         self.model_config = model_config
         self.sentence_objective = pipeline_config.sentence_objective
         self.sentence_head = self.sentence_objective != "none"
+        if self.sentence_head:
+            _check_pooler_possible(model_config, self.sentence_objective)
         self.packed = pipeline_config.packed
         self._module = self.make_module()
 
