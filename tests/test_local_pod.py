@@ -241,6 +241,8 @@ class _PretrainingPod:
             results = pod.wait(timeout=400)
         assert [r.returncode for r in results] == [0, 0], [r.output()[-3000:] for r in results]
         assert "done: step 10" in results[0].output()
+        # Process 0 held the pod's one workdir lease (core/lease.py), and let it go at the end.
+        assert not (self.root / run / "lease.json").exists()
         return json.loads((self.root / run / "summary.json").read_text())
 
     def resumed(self, run: str, logs: str) -> tuple[local_pod.Pod, int]:

@@ -149,6 +149,7 @@ def _copy(workdir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended(keep=["batch_finished", "model"])
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -175,6 +176,7 @@ def _copy(workdir, tmp_path):
             "adamw.weight_decay = 0.1, but the checkpoints in {w} were trained with 0.01",
         ),
     ],
+    ids=["batch_finished", "batch_with_steps_left", "length", "model", "optimizer"],
 )
 def test_a_resume_that_changes_what_the_checkpoints_mean_is_refused_and_writes_nothing(
     trained, capsys, extra, message
