@@ -5,8 +5,10 @@ gone, or ended on an error of its own), every other process's client polls an er
 the service and jaxlib ends the process at once with LOG(FATAL): an `E... Polled an error`
 line, an `F... Terminating process because the JAX distributed service detected fatal
 errors` message of several lines and a `*** Check failure stack trace: ***` of C++ frames.
-(The same abort, with another status, ends every process when the service itself declares
-a process dead after its heartbeat timeout.) No Python code runs before that abort:
+(The same abort, with another status naming the dead processes, ends every other process
+when the service itself declares a process dead after its heartbeat timeout, which is
+--peer_timeout: core/cluster.py passes it to `jax.distributed.initialize`.) No Python code
+runs before that abort:
 `jax.distributed.initialize` passes no `missed_heartbeat_callback`, and a Python callable
 given to jaxlib's client ends the process with `std::bad_cast` (the absl::Status it receives
 has no Python form).
@@ -52,8 +54,12 @@ import time
 FATAL = b"Terminating process because the JAX distributed service detected fatal errors"
 # What the client's status says when the service itself stopped answering.
 SERVICE_GONE = b"Failed to send RPC to coordination service"
-# ... and when the service declared a process dead (its heartbeat timeout, 100 s).
+# ... and when the service declared a process dead (its heartbeat timeout, --peer_timeout),
+# followed by the dead tasks' ids, one per line, and "The tasks have crashed ...".
 HEARTBEATS_STOPPED = b"stopped sending heartbeats"
+_DEAD_TASKS = re.compile(rb"stopped sending heartbeats\):(.*?)(?:The tasks have crashed|$)", re.S)
+# The end of the abort's message: its stack trace.
+_STACK_TRACE = b"*** Check failure stack trace"
 _STATUS = re.compile(rb"absl::Status: (.*)")
 # A C++ log line's prefix (glog's form: "E1127 19:02:48.165320   14318 agent.cc:289] "): at
 # a line's start, or after text of the tool's that had no newline yet ("12:00:01
@@ -70,17 +76,27 @@ LINE_SECONDS = 0.1
 _RESUME = "restart every process with the same command to resume"
 
 
-def abort_line(fatal: bytes, num_processes: int) -> bytes:
-    """The one line that replaces the abort whose FATAL line is `fatal`."""
+def abort_line(fatal: bytes, num_processes: int, heartbeat_seconds: float | None = None) -> bytes:
+    """The one line that replaces the abort whose message (its FATAL line and the lines after
+    it, up to its stack trace) is `fatal`; `heartbeat_seconds`: the cluster's heartbeat
+    timeout (JAX's `heartbeat_timeout_seconds`, --peer_timeout)."""
     if SERVICE_GONE in fatal:
         text = (
             f"process 0 of {num_processes}, which runs JAX's coordination service, has ended or "
             f"is gone (killed, its host lost, or an error of its own: see its output): {_RESUME}"
         )
     elif HEARTBEATS_STOPPED in fatal:
+        dead = _DEAD_TASKS.search(fatal)
+        ids = sorted({int(i) for i in re.findall(rb"(?:task:)?(\d+)\b", dead.group(1))}) if dead else []
+        who = (
+            f"process{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids))} of {num_processes}"
+            if ids
+            else "a process of this cluster"
+        )
+        seconds = f" for {heartbeat_seconds:g} s" if heartbeat_seconds else ""
         text = (
-            "a process of this cluster stopped sending heartbeats to JAX's coordination service "
-            f"(killed, or its host is gone): see every process's output, then {_RESUME}"
+            f"{who} stopped sending heartbeats to JAX's coordination service{seconds} (killed, or its "
+            f"host is gone): {_RESUME}"
         )
     else:
         status = _STATUS.search(fatal)
@@ -100,8 +116,9 @@ class AbortFilter:
     `feed(data, now)` returns what can be written now, `due(now)` what has been held long
     enough, `close()` the rest; `deadline` is when `due` next has something (None: never)."""
 
-    def __init__(self, num_processes: int):
-        self.num_processes = num_processes
+    def __init__(self, num_processes: int, heartbeat_seconds: float | None = None):
+        self.num_processes, self.heartbeat_seconds = num_processes, heartbeat_seconds
+        self._fatal: list[bytes] | None = None  # the abort's message, while it comes
         self._held: list[tuple[bytes, bool]] = []  # (line, from C++), held until _held_until
         self._held_since = self._held_until = None
         self._in_cpp = False  # the last line was part of a C++ log message
@@ -112,6 +129,8 @@ class AbortFilter:
 
     @property
     def deadline(self) -> float | None:
+        if self._fatal is not None:
+            return None  # the abort's message: its stack trace or the pipe's end will come
         if self._held_until is not None:
             return self._held_until
         if self._partial and not _CPP_LOG_START.match(self._partial):
@@ -127,9 +146,16 @@ class AbortFilter:
         self._partial = partial
         out = []
         for line in _unglued(lines):
+            if self._fatal is not None:  # the abort's message goes on to its stack trace
+                if line.startswith(_STACK_TRACE):
+                    return b"".join(out) + self._abort()
+                self._fatal.append(line)
+                continue
             cpp = bool(_CPP_LOG.match(line))
             if cpp and line.startswith(b"F") and FATAL in line:
-                return b"".join(out) + self._abort(line)
+                out.append(self._keep_the_tools_own())
+                self._fatal = [line]
+                continue
             self._in_cpp = cpp or (self._in_cpp and not _TOOLS_OWN.match(line))
             if cpp:
                 self._held_since = now if self._held_since is None else self._held_since
@@ -153,6 +179,9 @@ class AbortFilter:
     def close(self) -> bytes:
         if self._aborted:
             return b""
+        if self._fatal is not None:  # the process ended before the abort's stack trace
+            self._fatal.append(self._partial)
+            return self._abort()
         rest = b"".join(line for line, _ in self._held) + self._partial
         self._held, self._held_until, self._partial = [], None, b""
         return rest
@@ -161,11 +190,17 @@ class AbortFilter:
         self._said_error = self._said_error or text.startswith(b"error: ")
         return text
 
-    def _abort(self, fatal: bytes) -> bytes:
-        # The text after the fatal line (`_partial` included) is the abort's own.
+    def _keep_the_tools_own(self) -> bytes:
+        """At the abort's fatal line: the tool's own held lines, without the C++ ones."""
         kept = b"".join(self._written(line) for line, cpp in self._held if not cpp)
-        self._aborted, self._held, self._held_until, self._partial = True, [], None, b""
-        return kept + (b"" if self._said_error else abort_line(fatal, self.num_processes))
+        self._held, self._held_until = [], None
+        return kept
+
+    def _abort(self) -> bytes:
+        # Everything after the abort's message (its stack trace, `_partial`) is the abort's own.
+        fatal = b"\n".join(self._fatal)
+        self._aborted, self._fatal, self._partial = True, None, b""
+        return b"" if self._said_error else abort_line(fatal, self.num_processes, self.heartbeat_seconds)
 
 
 def _unglued(lines: list[bytes]) -> list[bytes]:
@@ -181,14 +216,14 @@ def _unglued(lines: list[bytes]) -> list[bytes]:
     return out
 
 
-def _guard(num_processes: int, ready_fd: int) -> None:
+def _guard(num_processes: int, heartbeat_seconds: float, ready_fd: int) -> None:
     """The guard process: stdin (this tool's stderr) to stdout (the real stderr); says it is
     ready (its signals ignored) on `ready_fd`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.write(ready_fd, b"1")
     os.close(ready_fd)
-    text = AbortFilter(num_processes)
+    text = AbortFilter(num_processes, heartbeat_seconds)
 
     def write(data: bytes) -> None:
         view = memoryview(data)
@@ -207,12 +242,12 @@ def _guard(num_processes: int, ready_fd: int) -> None:
     write(text.close())
 
 
-_lock = threading.Lock()  # `leave` may run on the peer watch's thread while the main thread exits
+_lock = threading.Lock()  # install, restore and silence, from whichever thread ends the process
 _installed: tuple[subprocess.Popen, int] | None = None
 GUARD_START_SECONDS = 30.0
 
 
-def install(num_processes: int) -> None:
+def install(num_processes: int, heartbeat_seconds: float) -> None:
     """Sends this process's stderr (fd 2: Python's and C++'s) through the guard; once. Leaves
     stderr as it is when there is none or the guard cannot start."""
     global _installed
@@ -227,7 +262,14 @@ def install(num_processes: int) -> None:
         ready_read, ready_write = os.pipe()
         try:
             guard = subprocess.Popen(
-                [sys.executable, "-I", os.path.abspath(__file__), str(num_processes), str(ready_write)],
+                [
+                    sys.executable,
+                    "-I",
+                    os.path.abspath(__file__),
+                    str(num_processes),
+                    str(heartbeat_seconds),
+                    str(ready_write),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=real,
                 stderr=real,
@@ -291,4 +333,4 @@ def _end(target: str | None, timeout: float) -> None:
 
 
 if __name__ == "__main__":
-    _guard(int(sys.argv[1]), int(sys.argv[2]))
+    _guard(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))

@@ -170,9 +170,7 @@ def _all_hosts_ok(ok: bool) -> bool:
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """{'/'-joined path: shape} of the leaves of a (metadata or abstract) tree."""
     return {
-        "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path): tuple(
-            leaf.shape
-        )
+        jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
     }
 
@@ -413,20 +411,10 @@ class Checkpointer:
             _save_reports.end(failed=False)
 
     def _complete_steps(self) -> list[int]:
-        """The steps whose checkpoint is complete on disk, ascending. Read from the directory,
-        not from the manager, which counts a save that is still in flight (or has failed)."""
-        directory = epath.Path(self.directory)
-        if not directory.is_dir():
-            return []
-        steps = []
-        for name in (child.name for child in directory.iterdir()):
-            # orbax writes <step>.orbax-checkpoint-tmp-* and renames it when complete; on
-            # object stores (no rename) commit_success.txt marks completion.
-            if name.isdigit() and (
-                not self.directory.startswith("gs://") or (directory / name / "commit_success.txt").exists()
-            ):
-                steps.append(int(name))
-        return sorted(steps)
+        """The steps whose checkpoint is complete on disk (orbax's rule for a finalized step,
+        on local disks and object stores), ascending. Read from the directory, not from the
+        manager, which counts a save that is still in flight (or has failed)."""
+        return sorted(ocp.utils.checkpoint_steps(self.directory))
 
     def _save_error(self, step: int | None, e: BaseException) -> UserError:
         complete = self._complete_steps()

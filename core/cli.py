@@ -173,8 +173,9 @@ def add_mesh_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="in a cluster, a process that shows no sign of life for this long (killed, its host "
-        "gone) ends the others with one line; 0: leave it to JAX's heartbeat (100 s, then its abort)",
+        help="in a cluster, a process that sends JAX's coordination service no heartbeat for this long "
+        "(killed, its host gone) ends the others, with one line naming it (JAX's "
+        "heartbeat_timeout_seconds; 0: JAX's default, 100 s)",
     )
 
 

@@ -16,21 +16,21 @@ that never come. On CPU, the processes' collectives go through gloo
 
 Once joined, a cluster's failures stay one line too (docs/pods.md, "When a host dies"):
 `check_same_everywhere` stops every process started with other settings than process 0;
-`PeerWatch` ends the others when one process is gone, core/abort_line.py makes JAX's
-abort when process 0 is gone one line; `peer_lost` recognises the error a
-collective raises when a peer's connection closes; `leave` exits without JAX's shutdown
-barrier after an error.
+JAX's own heartbeat (`heartbeat_timeout_seconds`, our --peer_timeout) ends the others when
+one process is gone, and core/abort_line.py makes that abort, and the one when process 0 is
+gone, one line naming the process; `peer_lost` recognises the error a collective raises
+when a peer's connection closes; `leave` exits without JAX's shutdown barrier after an
+error.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Mapping
 
@@ -41,6 +41,8 @@ from core import abort_line
 from core.errors import UserError, one_line
 
 ADDRESS_ENV, COUNT_ENV, ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+# jax.distributed.initialize's default heartbeat_timeout_seconds (--peer_timeout=0).
+JAX_HEARTBEAT_SECONDS = 100
 # Environments in which jax.distributed.initialize() finds the count and id itself.
 _DETECTED_BY_JAX = {
     "SLURM_JOB_ID": "SLURM",
@@ -134,8 +136,9 @@ def initialize_distributed(
     processes: a Cloud TPU pod slice (TPU_WORKER_HOSTNAMES lists more than one worker) or
     an explicit cluster (`cluster`, default from the environment); "on" always (JAX then
     also detects SLURM, Open MPI, Kubernetes), "off" never. Must run before any other JAX
-    call. Then a PeerWatch with `peer_timeout` (0: none) watches the other processes.
-    Returns whether it initialised.
+    call. `peer_timeout` is JAX's heartbeat timeout: a process silent that long (killed, its
+    host gone) is declared dead and the others end (0: JAX's default, 100 s). Returns
+    whether it initialised.
     """
     if mode not in ("auto", "on", "off"):
         raise ClusterError(f"--distributed must be auto, on or off, got {mode!r}")
@@ -146,15 +149,15 @@ def initialize_distributed(
     workers = [w for w in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if w.strip()]
     if not (mode == "on" or len(workers) > 1 or cluster.given):
         return False
+    heartbeat = math.ceil(peer_timeout) if peer_timeout > 0 else JAX_HEARTBEAT_SECONDS
     jax.distributed.initialize(
         coordinator_address=cluster.coordinator_address,
         num_processes=cluster.num_processes,
         process_id=cluster.process_id,
+        heartbeat_timeout_seconds=heartbeat,
     )
     if in_cluster():
-        abort_line.install(jax.process_count())
-        if peer_timeout > 0:
-            PeerWatch(peer_timeout).start()
+        abort_line.install(jax.process_count(), heartbeat)
     return True
 
 
@@ -236,66 +239,3 @@ def check_same_everywhere(text: str) -> None:
             "bindings, data directory, workdir) than process 0: start every process with the same "
             "command and files"
         )
-
-
-class PeerWatch:
-    """Ends this process with one line when another process of the cluster stops showing
-    signs of life for `timeout` seconds.
-
-    A process killed in the middle of a step leaves the others blocked in a collective that
-    does not notice (XLA's CPU collectives, NCCL); JAX's coordination service ends them only
-    after its heartbeat timeout (100 s), with its abort. Here every process
-    writes a counter to the coordination service's key-value store every second (a daemon
-    thread, so a long step or compilation does not silence it) and reads the others'; one
-    that has not moved for `timeout` seconds, measured on this process's clock, is gone.
-    A process that ends normally writes "done" (atexit, before JAX's own shutdown), so the
-    others never take it for dead. When process 0 itself dies, the coordination service
-    dies with it and JAX aborts the others at once, before this watch can speak: that abort
-    is made one line by core/abort_line.py.
-    """
-
-    PREFIX = "peer_watch/"
-
-    def __init__(self, timeout: float, interval: float = 1.0):
-        import orbax.checkpoint as ocp
-
-        self.timeout, self.interval = timeout, interval
-        self.client = ocp.multihost.get_jax_distributed_client()
-        self.me, self.count = jax.process_index(), jax.process_count()
-
-    def start(self) -> None:
-        atexit.register(self._done)
-        threading.Thread(target=self._watch, name="peer_watch", daemon=True).start()
-
-    def _done(self) -> None:
-        try:
-            self.client.key_value_set(f"{self.PREFIX}{self.me}", "done", allow_overwrite=True)
-        except Exception:  # pylint: disable=broad-except  (the coordinator has ended first)
-            pass
-
-    def _watch(self) -> None:
-        seen: dict[int, tuple[str, float]] = {}
-        beat = 0
-        while True:
-            beat += 1
-            try:
-                self.client.key_value_set(f"{self.PREFIX}{self.me}", str(beat), allow_overwrite=True)
-                values = dict(self.client.key_value_dir_get(self.PREFIX))
-            except Exception:  # pylint: disable=broad-except  (the coordinator is gone: JAX ends us)
-                return
-            now = time.monotonic()
-            for peer in range(self.count):
-                value = values.get(f"{self.PREFIX}{peer}", "")
-                if peer == self.me or value == "done":
-                    continue
-                if seen.get(peer, (None,))[0] != value:
-                    seen[peer] = (value, now)
-                elif now - seen[peer][1] > self.timeout:
-                    print(
-                        f"error: process {peer} of {self.count} has shown no sign of life for "
-                        f"{self.timeout:g} s (killed, or its host is gone): restart every process with "
-                        "the same command to resume",
-                        file=sys.stderr,
-                    )
-                    leave(2)
-            time.sleep(self.interval)

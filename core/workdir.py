@@ -69,14 +69,10 @@ def read_config(workdir: str, config_class: type[Config]) -> Config:
 
 
 def finished_steps(workdir: str) -> list[int]:
-    """The steps of the workdir's checkpoints that hold a `state` item, ascending."""
+    """The steps of the workdir's finalized checkpoints (orbax's rule) that hold a `state`
+    item, ascending."""
     directory = epath.Path(workdir, CHECKPOINTS_DIR)
-    steps = (
-        [int(child.name) for child in directory.iterdir() if child.name.isdigit()]
-        if directory.is_dir()
-        else []
-    )
-    return sorted(s for s in steps if (directory / str(s) / "state").exists())
+    return sorted(s for s in ocp.utils.checkpoint_steps(directory) if (directory / str(s) / "state").exists())
 
 
 def latest_step(workdir: str) -> int:
@@ -89,9 +85,12 @@ def latest_step(workdir: str) -> int:
 
 
 def save_params(workdir: str, params: Any, step: int = 0) -> None:
-    """Writes `params` as checkpoint `step` ({params} only), readable by `load_params`."""
-    path = os.path.join(absolute(workdir), CHECKPOINTS_DIR, str(step), "state")
-    ocp.PyTreeCheckpointer().save(path, {"params": jax.device_get(nn.meta.unbox(params))}, force=True)
+    """Writes `params` as checkpoint `step` ({params} only), readable by `load_params`: a step
+    finalized as pretraining's are (a checkpoint manager's save), on any file system."""
+    with ocp.CheckpointManager(os.path.join(absolute(workdir), CHECKPOINTS_DIR)) as manager:
+        state = {"params": jax.device_get(nn.meta.unbox(params))}
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+        manager.wait_until_finished()
 
 
 def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:

@@ -104,8 +104,8 @@ def test_everything_else_passes_unchanged_and_a_warning_only_waits():
     assert _filtered([quoted, b"and went on\n"]) == quoted + b"and went on\n"
 
 
-# Process 0's output (the service's own process) when process 1 was killed and no peer watch
-# ran (--peer_timeout=0): the service's heartbeat timeout, 100 s later.
+# Process 0's output (the service's own process) when process 1 was killed: the service's
+# heartbeat timeout (--peer_timeout), here JAX's default 100 s, later.
 HEARTBEAT_ABORT = (
     b"E1127 19:53:09.538135   32441 coordination_service.cc:1549] [10136551220078150339] Use error "
     b"polling to propagate the following error to all tasks: UNAVAILABLE: The following tasks are "
@@ -125,12 +125,26 @@ HEARTBEAT_ABORT = (
 )
 
 
-def test_the_heartbeat_timeout_and_another_status_are_named():
+def test_the_heartbeat_timeout_names_the_dead_processes_and_another_status_is_named():
+    """The dead processes' ids come on the lines after the abort's fatal line, whole or cut
+    anywhere; the guard is told the cluster's heartbeat timeout."""
     before = b"12:00:01 step 6/10: loss 5.1\n"
-    assert _filtered([before, HEARTBEAT_ABORT]) == before + (
-        b"error: a process of this cluster stopped sending heartbeats to JAX's coordination service "
-        b"(killed, or its host is gone): see every process's output, then restart every process with "
-        b"the same command to resume\n"
+    named = (
+        b"error: process 1 of 2 stopped sending heartbeats to JAX's coordination service for 100 s "
+        b"(killed, or its host is gone): restart every process with the same command to resume\n"
+    )
+    stream = before + HEARTBEAT_ABORT
+    for cut in (len(stream), 1, 13, 500):
+        chunks = [stream[i : i + cut] for i in range(0, len(stream), cut)]
+        text, out = abort_line.AbortFilter(2, 100), []
+        for chunk in chunks:
+            out.append(text.feed(chunk, 0.0))
+        assert b"".join(out) + text.close() == before + named, cut
+    several = HEARTBEAT_ABORT.replace(b"heartbeats):\n1\nThe", b"heartbeats):\n1\n3\nThe")
+    text = abort_line.AbortFilter(4, 20)
+    assert text.feed(several, 0.0) + text.close() == (
+        b"error: processes 1, 3 of 4 stopped sending heartbeats to JAX's coordination service for 20 s "
+        b"(killed, or its host is gone): restart every process with the same command to resume\n"
     )
     fatal = ABORT.replace(
         b"UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was "
@@ -163,7 +177,7 @@ def test_without_a_guard_or_without_stderr_the_process_goes_on_as_it_was():
         "import os, sys\n"
         "from core import abort_line\n"
         "abort_line.__file__ = '/nonexistent/abort_line.py'\n"
-        "abort_line.install(2)\n"
+        "abort_line.install(2, 60)\n"
         "assert abort_line._installed is None\n"
         "print('still here', file=sys.stderr)\n"
     )
@@ -172,7 +186,7 @@ def test_without_a_guard_or_without_stderr_the_process_goes_on_as_it_was():
         "import os, sys\n"
         "sys.stderr = None\n"
         "from core import abort_line\n"
-        "abort_line.install(2)\n"
+        "abort_line.install(2, 60)\n"
         "print(abort_line._installed)\n"
     )
     assert result.returncode == 0 and result.stdout == b"None\n", result.stderr
@@ -185,7 +199,7 @@ def test_a_process_keeps_its_stderr_through_the_guard_and_back(tmp_path):
     program = (
         "import os, signal, sys, time\n"
         "from core import abort_line\n"
-        "abort_line.install(2)\n"
+        "abort_line.install(2, 60)\n"
         "print('from python', file=sys.stderr, flush=True)\n"
         "for signum in (signal.SIGINT, signal.SIGTERM):\n"
         "    os.kill(abort_line._installed[0].pid, signum)\n"

@@ -51,17 +51,22 @@ def test_initialize_gets_the_settings_from_flags_or_environment(monkeypatch):
     assert not cluster.initialize_distributed("auto") and not calls  # one process, nothing said
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3")  # a pod slice: JAX detects the rest
     assert cluster.initialize_distributed("auto")
-    assert calls[-1] == dict(coordinator_address=None, num_processes=None, process_id=None)
+    heartbeat = dict(heartbeat_timeout_seconds=60)  # --peer_timeout's default
+    assert calls[-1] == dict(coordinator_address=None, num_processes=None, process_id=None, **heartbeat)
     monkeypatch.delenv("TPU_WORKER_HOSTNAMES")
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
     monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
     monkeypatch.setenv("JAX_PROCESS_ID", "3")
     assert cluster.initialize_distributed("auto")
-    assert calls[-1] == dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=3)
+    assert calls[-1] == dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=3, **heartbeat)
     flags = cluster.Cluster.from_settings("10.0.0.9:99", 2, 1)  # flags win over the environment
-    assert cluster.initialize_distributed("auto", flags)
-    assert calls[-1] == dict(coordinator_address="10.0.0.9:99", num_processes=2, process_id=1)
-    assert not cluster.initialize_distributed("off") and len(calls) == 3
+    assert cluster.initialize_distributed("auto", flags, peer_timeout=2.5)  # JAX takes whole seconds
+    assert calls[-1] == dict(
+        coordinator_address="10.0.0.9:99", num_processes=2, process_id=1, heartbeat_timeout_seconds=3
+    )
+    assert cluster.initialize_distributed("auto", flags, peer_timeout=0)  # JAX's own default
+    assert calls[-1]["heartbeat_timeout_seconds"] == 100
+    assert not cluster.initialize_distributed("off") and len(calls) == 4
     monkeypatch.setenv("SLURM_JOB_ID", "7")  # SLURM: JAX finds the count and the id itself
     assert cluster.initialize_distributed("auto", cluster.Cluster.from_settings("10.0.0.1:1234", env={}))
     with pytest.raises(cluster.ClusterError, match="--distributed must be"):
@@ -269,9 +274,9 @@ def pretraining_pod(tmp_path_factory):
 def test_pretraining_on_a_local_pod_resumes_after_a_host_is_killed(pretraining_pod):
     """The uninterrupted run: each host saves its own data position, process 0 alone writes
     the summary, metrics, config and TensorBoard, the checkpoint holds both hosts' work. Then
-    SIGKILL to process 1 mid-run: process 0 ends within seconds with one line (the peer watch,
-    or a collective that fails first); restarted, the run ends on the uninterrupted run's
-    parameters."""
+    SIGKILL to process 1 mid-run: process 0 ends within seconds with one line (JAX's heartbeat
+    timeout, --peer_timeout, naming process 1; or a collective that fails first); restarted,
+    the run ends on the uninterrupted run's parameters."""
     pod, summary = pretraining_pod
     workdir = pod.root / "a"
     assert (
@@ -289,13 +294,18 @@ def test_pretraining_on_a_local_pod_resumes_after_a_host_is_killed(pretraining_p
         killed.send_signal(1, signal.SIGKILL)
         begin = time.monotonic()
         results = killed.wait(timeout=120, grace=60)
-    assert [r.returncode for r in results] == [2, -signal.SIGKILL], results[0].output()[-3000:]
+    # JAX's abort (SIGABRT) when its heartbeat timeout comes first, our exit when a collective fails.
+    assert results[0].returncode in (2, -signal.SIGABRT), results[0].output()[-3000:]
+    assert results[1].returncode == -signal.SIGKILL
     assert time.monotonic() - begin < 60
     output = results[0].output()
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, output[-3000:]
     assert errors[0].startswith(
-        ("error: process 1 of 2 has shown no sign of life for 20 s", "error: another process of this cluster")
+        (
+            "error: process 1 of 2 stopped sending heartbeats to JAX's coordination service for 20 s",
+            "error: another process of this cluster",
+        )
     ) and errors[0].endswith("restart every process with the same command to resume"), errors
     assert "Traceback" not in output and "Check failure" not in output
     assert pod.finished("k", "k_end")["params_sha256"] == summary["params_sha256"]
@@ -372,6 +382,28 @@ def test_pretraining_on_a_local_pod_through_preemption_and_the_coordinators_deat
     result = cli_run.run(train.main, [*args, "--gin_bindings=run.reset_data_iterator = True"], capsys)
     assert result.returncode == 0 and "resumed from step 10" in result.stderr, result.stderr[-3000:]
     assert json.loads((workdir / "summary.json").read_text())["step"] == 11
+
+
+@pytest.mark.slow
+def test_a_process_killed_outside_a_collective_is_named_after_the_heartbeat_timeout(tmp_path):
+    """Process 2 of 3 killed while no process is in a collective (no socket error tells the
+    others): JAX's heartbeat timeout, --peer_timeout=3, ends them, and each one's line names
+    process 2, the coordination service's process 0 and process 1 alike."""
+    command = ["tests.pod_probe", "--hold=120", "--peer_timeout=3"]
+    with local_pod.Pod([command] * 3, 1, str(tmp_path)) as pod:
+        deadline = time.monotonic() + 120
+        while not all("sum 24" in pod.output(i) for i in range(3)):
+            assert all(pod.running(i) for i in range(3)) and time.monotonic() < deadline
+            time.sleep(0.1)
+        pod.send_signal(2, signal.SIGKILL)
+        begin = time.monotonic()
+        results = pod.wait(timeout=60, grace=30)
+    assert time.monotonic() - begin < 20
+    for r in results[:2]:
+        assert r.returncode == -signal.SIGABRT and r.output().splitlines()[-1] == (
+            "error: process 2 of 3 stopped sending heartbeats to JAX's coordination service for 3 s "
+            "(killed, or its host is gone): restart every process with the same command to resume"
+        ), r.output()[-3000:]
 
 
 @pytest.mark.slow
