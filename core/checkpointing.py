@@ -1,15 +1,18 @@
-"""Checkpoints: orbax for the train state, tf.train.Checkpoint for each host's data iterator.
+"""Checkpoints: the train state and each host's data position, as the items of one orbax step.
 
 Layout of a workdir:
 
-    checkpoints/<step>/...            orbax (atomic: written to a temporary name, then renamed)
-    data_iterators/<step>/process_<i>.*   tf.data iterator state of host i at that step
-    bad_checkpoints/<step>[-<n>]/     checkpoints found unreadable at start, moved aside (never deleted)
+    checkpoints/<step>/state/                      the train state (orbax)
+    checkpoints/<step>/data_iterator/process_<i>.*  host i's tf.data position (core/data_position.py)
+    bad_checkpoints/<step>[-<n>]/                  checkpoints found unreadable at start, moved aside
+                                                   (never deleted)
 
-The iterator state is written *before* the orbax step is finalised, so every finalised
-step has its iterator files; iterator folders of steps orbax no longer keeps are deleted.
+orbax writes both items into the step's temporary folder and finalises the step once every
+host has written (atomic), and deletes both when it drops the step (`max_to_keep`).
 Restoring both gives an exact resume: same step, parameters, optimizer state, schedule
-position, and the next batch is the one the interrupted run would have seen.
+position, and the next batch is the one the interrupted run would have seen. Steps saved by
+versions before this layout keep their positions in `data_iterators/<step>/`, read from
+there.
 
 State an objective carries from step to step (`TrainState.carry`, XLNet's memories) belongs
 to the rows of the data stream it was saved with. It is saved unless the run says not to
@@ -58,7 +61,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint._src.metadata import array_metadata_store
 
-from core import cluster
+from core import cluster, data_position
 from core.errors import UserError, one_line
 
 if TYPE_CHECKING:
@@ -360,7 +363,6 @@ class Checkpointer:
         self.workdir = workdir
         self._save_carry = save_carry
         self.directory = os.path.join(_absolute(workdir), "checkpoints")
-        self._iterators_dir = os.path.join(workdir, "data_iterators")
         self._max_to_keep = max_to_keep
         self._in_flight: int | None = None  # the step orbax is writing in the background
         self.manager = self._open()
@@ -373,8 +375,12 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def _iterator_prefix(self, step: int) -> str:
-        return os.path.join(self._iterators_dir, str(step), f"process_{jax.process_index()}")
+    def _positions_dir(self, step: int) -> str:
+        """The folder of step `step`'s data positions: its item, or an older version's folder."""
+        item = os.path.join(self.directory, str(step), data_position.ITEM)
+        if epath.Path(item).is_dir():
+            return item
+        return os.path.dirname(data_position.legacy_prefix(self.workdir, step))
 
     def save(self, step: int, state: Any, iterator: tf.data.Iterator | None) -> None:
         """Starts saving `step` (orbax finishes in the background), with the data position of
@@ -383,20 +389,18 @@ class Checkpointer:
         self.wait()  # surfaces a failure of the previous async save
         if not self._save_carry:
             state = _without_carry(state)
+        items = {"state": ocp.args.StandardSave(state)}
+        if iterator is not None:  # a step without an input pipeline has no position
+            items[data_position.ITEM] = data_position.DataPositionSave(iterator)
         try:
-            if iterator is not None:
-                import tensorflow as tf  # the input pipeline's: a step without one needs none
-
-                tf.train.Checkpoint(iterator=iterator).write(self._iterator_prefix(step))
             _save_reports.begin()
             self._in_flight = step
-            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+            self.manager.save(step, args=ocp.args.Composite(**items))
         except Exception as e:  # pylint: disable=broad-except  (disk full, permissions, GCS errors ...)
             if self._in_flight is not None:
                 self._in_flight = None
                 _save_reports.end(failed=True)
             raise self._save_error(step, e) from None
-        self._delete_stale_iterators()
 
     def wait(self) -> None:
         """Blocks until the last save is complete on disk; a failure is a CheckpointError."""
@@ -495,7 +499,7 @@ class Checkpointer:
         """IteratorMismatchError when the step's data positions were saved by another number
         of hosts: each host saved its own, and this run's hosts would read other rows (not
         damage: nothing is moved). No position at all is left to `restore` (damage)."""
-        saved = len(list((epath.Path(self._iterators_dir) / str(step)).glob("process_*.index")))
+        saved = data_position.hosts_saved(self._positions_dir(step))
         if saved and saved != jax.process_count():
             raise IteratorMismatchError(
                 f"checkpoint step {step} in {self.directory} holds the data positions of {saved} "
@@ -547,11 +551,8 @@ class Checkpointer:
     def _restore_iterator(self, step: int, iterator: tf.data.Iterator) -> None:
         import tensorflow as tf  # the input pipeline's
 
-        prefix = self._iterator_prefix(step)
-        if not epath.Path(prefix + ".index").exists():
-            raise FileNotFoundError(f"no data iterator state {prefix}.index")
         try:  # before the state: the cheap read, and a mismatch then costs no state restore
-            tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
+            data_position.read(iterator, data_position.file_prefix(self._positions_dir(step)))
         except tf.errors.OpError as e:
             # tf.data's words for a state saved by a differently built dataset (or one whose
             # batches have another shape: another per-host batch).
@@ -623,7 +624,8 @@ class Checkpointer:
         return saved
 
     def _quarantine(self, step: int) -> str:
-        """Moves a damaged step (and its iterator state) to bad_checkpoints/; returns where."""
+        """Moves a damaged step (with its data positions: one folder, or an older version's
+        two) to bad_checkpoints/; returns where."""
         target = os.path.join(_absolute(self.workdir), BAD_CHECKPOINTS, str(step))
         n = 0
         while epath.Path(target if n == 0 else f"{target}-{n}").exists():
@@ -632,32 +634,14 @@ class Checkpointer:
         if jax.process_index() == 0:
             epath.Path(target).mkdir(parents=True, exist_ok=True)
             (epath.Path(self.directory) / str(step)).rename(os.path.join(target, "checkpoint"))
-            iterators = epath.Path(self._iterators_dir) / str(step)
-            if iterators.is_dir():
-                iterators.rename(os.path.join(target, "data_iterators"))
+            legacy = epath.Path(self.workdir, data_position.LEGACY_DIR, str(step))
+            if legacy.is_dir():
+                legacy.rename(os.path.join(target, data_position.LEGACY_DIR))
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
         self.manager.close()
         self.manager = self._open()  # forget the moved step
         return target
-
-    def _delete_stale_iterators(self) -> None:
-        """Deletes the iterator states of steps whose orbax checkpoint is gone from disk.
-
-        Only the disk counts: orbax stops listing the oldest step as soon as a newer save
-        starts, but deletes its files only once that save is finalised; a process killed in
-        between keeps the old step, which must stay restorable (with its iterator state).
-        A step being saved asynchronously has no checkpoint folder yet: anything newer than
-        the latest finalised step is kept.
-        """
-        iterators = epath.Path(self._iterators_dir)
-        if jax.process_index() != 0 or not iterators.is_dir():
-            return
-        latest = self.manager.latest_step() or -1
-        for child in iterators.iterdir():
-            name = child.name
-            if name.isdigit() and int(name) < latest and not (epath.Path(self.directory) / name).exists():
-                child.rmtree()
 
     def close(self) -> None:
         self.wait()

@@ -42,6 +42,8 @@ import time
 
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
+from core import data_position
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 12
 CHECKPOINT_EVERY = 2
@@ -334,7 +336,7 @@ def _damage(workdir: str, step: int, how: str) -> None:
         with open(arrays[-1], "r+b") as f:
             f.truncate(os.path.getsize(arrays[-1]) // 2)
     elif how == "delete_iterator_state":
-        shutil.rmtree(os.path.join(workdir, "data_iterators", str(step)))
+        shutil.rmtree(os.path.join(workdir, "checkpoints", str(step), data_position.ITEM))
     else:
         raise ValueError(how)
 

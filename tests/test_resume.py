@@ -17,6 +17,7 @@ import shutil
 
 import pytest
 
+from core import data_position
 from data import shards
 from models.disentangled import DisentangledConfig
 from pretrain.objectives import DebertaRTD, ElectraRTD, SpanBoundary
@@ -81,10 +82,21 @@ def test_resume_after_stop_equals_uninterrupted_run(case, tmp_path, request):
     assert full["objective"] == (objective.__name__ if objective else "MaskedLM")
     assert set(metrics) <= set(full["eval"]), sorted(full["eval"])
     # What a preemption after step 9 leaves: the checkpoint of step 5 is the newest.
-    for folder in ("checkpoints", "data_iterators"):
-        shutil.rmtree(tmp_path / folder / "10")
+    shutil.rmtree(tmp_path / "checkpoints" / "10")  # its data positions with it
     os.remove(tmp_path / "summary.json")
     resumed = tiny.run(tmp_path, data_dir, steps=10, **settings)
     assert resumed["resumed_from"] == 5
     assert resumed["params_sha256"] == full["params_sha256"]
     assert json.loads((tmp_path / "summary.json").read_text())["params_sha256"] == full["params_sha256"]
+    if case == "mlm_threefry":
+        _resume_from_the_older_layout(tmp_path, data_dir, settings, full["params_sha256"])
+
+
+def _resume_from_the_older_layout(workdir, data_dir, settings, uninterrupted):
+    """Checkpoint 5 as versions before the data position was an orbax item left it (the
+    positions in data_iterators/5/) resumes exactly too."""
+    shutil.rmtree(workdir / "checkpoints" / "10")
+    os.remove(workdir / "summary.json")
+    shutil.move(workdir / "checkpoints" / "5" / data_position.ITEM, workdir / data_position.LEGACY_DIR / "5")
+    resumed = tiny.run(workdir, data_dir, steps=10, **settings)
+    assert resumed["resumed_from"] == 5 and resumed["params_sha256"] == uninterrupted
