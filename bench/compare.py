@@ -41,8 +41,10 @@ def build_parser():
     cli.add_gin_flags(
         parser, default_files=["configs/models/bert_base.gin"], example="EncoderConfig.num_layers = 6"
     )
-    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="global batch (rows)")
-    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
+    batch_size = parser.add_argument(
+        "--batch_size", type=cli.positive_int, default=32, help="global batch (rows)"
+    )
+    seq_len = parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
     parser.add_argument(
         "--dtypes", default="float32,bfloat16", help="compute dtypes to compare, comma-separated"
     )
@@ -53,8 +55,8 @@ def build_parser():
     parser.add_argument(
         "--optimisations", action="store_true", help="also measure each optimisation on its own"
     )
-    cli.hidden_alias(parser, "--batch", "--batch_size")
-    cli.hidden_alias(parser, "--seq", "--seq_len")
+    cli.hidden_alias(parser, "--batch", batch_size)
+    cli.hidden_alias(parser, "--seq", seq_len)
     return parser
 
 

@@ -34,9 +34,9 @@ from core import cli
 def build_parser():
     parser = cli.parser(__doc__, "bench.input_pipeline")
     parser.add_argument("--data_dir", default=None, help="shards from data.preprocess (default: synthetic)")
-    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="rows per batch")
-    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
-    parser.add_argument("--steps", type=cli.positive_int, default=200, help="timed batches")
+    batch_size = parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="rows per batch")
+    seq_len = parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
+    steps = parser.add_argument("--steps", type=cli.positive_int, default=200, help="timed batches")
     parser.add_argument(
         "--format",
         default="segment_pair",
@@ -49,9 +49,9 @@ def build_parser():
         choices=("token", "whole_word", "ngram", "span"),
         help="PipelineConfig.masking_unit (the others need a --data_dir with a word-start tokenizer)",
     )
-    cli.hidden_alias(parser, "--batch", "--batch_size")
-    cli.hidden_alias(parser, "--seq", "--seq_len")
-    cli.hidden_alias(parser, "--batches", "--steps")
+    cli.hidden_alias(parser, "--batch", batch_size)
+    cli.hidden_alias(parser, "--seq", seq_len)
+    cli.hidden_alias(parser, "--batches", steps)
     return parser
 
 

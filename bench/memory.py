@@ -24,18 +24,20 @@ def build_parser():
     parser = cli.parser(__doc__, "bench.memory")
     cli.add_gin_flags(parser, example="EncoderConfig.num_layers = 6")
     parser.add_argument("--mesh", default=None, help="e.g. fsdp:8 or data:8; default every device on data")
-    parser.add_argument("--batch_size", type=cli.positive_int, default=64, help="global batch (rows)")
-    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
-    parser.add_argument(
+    batch_size = parser.add_argument(
+        "--batch_size", type=cli.positive_int, default=64, help="global batch (rows)"
+    )
+    seq_len = parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
+    num_predictions = parser.add_argument(
         "--num_predictions", type=cli.positive_int, default=20, help="masked positions per row"
     )
     parser.add_argument(
         "--microbatches", type=cli.positive_int, default=1, help="gradient accumulation steps"
     )
     parser.add_argument("--fake_devices", type=int, default=0, help="run on this many fake CPU devices")
-    cli.hidden_alias(parser, "--batch", "--batch_size")
-    cli.hidden_alias(parser, "--seq", "--seq_len")
-    cli.hidden_alias(parser, "--predictions", "--num_predictions")
+    cli.hidden_alias(parser, "--batch", batch_size)
+    cli.hidden_alias(parser, "--seq", seq_len)
+    cli.hidden_alias(parser, "--predictions", num_predictions)
     return parser
 
 

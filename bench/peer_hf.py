@@ -40,18 +40,20 @@ def build_parser():
     parser.add_argument(
         "--model", required=True, help="our EncoderConfig as JSON (bench/compare.py passes it)"
     )
-    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="global batch (rows)")
-    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
-    parser.add_argument(
+    batch_size = parser.add_argument(
+        "--batch_size", type=cli.positive_int, default=32, help="global batch (rows)"
+    )
+    seq_len = parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
+    num_predictions = parser.add_argument(
         "--num_predictions", type=cli.positive_int, default=20, help="masked positions per row"
     )
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
     parser.add_argument(
         "--steps", type=cli.positive_int, default=10, help="timed steps after compilation and 2 warm-up steps"
     )
-    cli.hidden_alias(parser, "--batch", "--batch_size")
-    cli.hidden_alias(parser, "--seq", "--seq_len")
-    cli.hidden_alias(parser, "--predictions", "--num_predictions")
+    cli.hidden_alias(parser, "--batch", batch_size)
+    cli.hidden_alias(parser, "--seq", seq_len)
+    cli.hidden_alias(parser, "--predictions", num_predictions)
     return parser
 
 

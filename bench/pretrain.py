@@ -60,9 +60,11 @@ OPTIMISATIONS = ("masked_decoding", "donation", "vocab_padding", "f32_accumulati
 def build_parser():
     parser = cli.parser(__doc__, "bench.pretrain")
     cli.add_gin_flags(parser, example="EncoderConfig.num_layers = 6")
-    parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="global batch (rows)")
-    parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
-    parser.add_argument(
+    batch_size = parser.add_argument(
+        "--batch_size", type=cli.positive_int, default=32, help="global batch (rows)"
+    )
+    seq_len = parser.add_argument("--seq_len", type=cli.positive_int, default=128, help="sequence length")
+    num_predictions = parser.add_argument(
         "--num_predictions",
         type=cli.positive_int,
         default=None,
@@ -117,9 +119,9 @@ def build_parser():
         default=None,
         help="after timing, trace --steps more steps with jax.profiler here and summarise them",
     )
-    cli.hidden_alias(parser, "--batch", "--batch_size")
-    cli.hidden_alias(parser, "--seq", "--seq_len")
-    cli.hidden_alias(parser, "--predictions", "--num_predictions")
+    cli.hidden_alias(parser, "--batch", batch_size)
+    cli.hidden_alias(parser, "--seq", seq_len)
+    cli.hidden_alias(parser, "--predictions", num_predictions)
     return parser
 
 

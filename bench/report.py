@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import functools
 import glob
-import gzip
 import json
 import os
 import re
@@ -97,29 +96,29 @@ def time_alternately(
 def profile_steps(step, state, batch, steps: int, directory: str, top: int = 15) -> list[dict]:
     """Traces `steps` steps of `step` with jax.profiler into `directory` and sums its events.
 
-    The trace (TensorBoard's profile plugin or https://ui.perfetto.dev opens it) has one
-    event per executed XLA operation (a fusion, a dot, a copy ...) on CPU and, through
-    CUPTI, per kernel on GPU. Events are grouped by name with instance numbers dropped
+    The trace (TensorBoard's profile plugin opens it) has one event per executed XLA
+    operation (a fusion, a dot, a copy ...) on CPU and, through CUPTI, per kernel on GPU; it
+    is read back with `jax.profiler.ProfileData` (the same figures as the perfetto JSON's,
+    to the nanosecond). Events are grouped by name with instance numbers dropped
     (`fusion.12` -> `fusion`); returns the `top` groups as [{"op", "ms_per_step",
     "share"}], share = fraction of the summed time of the step's XLA operations.
     """
     state, metrics = step(state, batch)
     jax.block_until_ready((state, metrics))
-    jax.profiler.start_trace(directory, create_perfetto_trace=True)
+    jax.profiler.start_trace(directory)
     for _ in range(steps):
         state, metrics = step(state, batch)
     jax.block_until_ready((state, metrics))
     jax.profiler.stop_trace()
-    (path,) = sorted(glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True))[-1:]
-    with gzip.open(path) as f:
-        events = json.load(f)["traceEvents"]
+    (path,) = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))[-1:]
     per_op = collections.Counter()
-    for event in events:
-        name = event.get("name", "")
-        # Host-side runtime events (PjRt, thread pools, Python) are not operations of the step.
-        if event.get("ph") != "X" or re.search(r"::|\$|PjitFunction|^end: |Thunk", name):
-            continue
-        per_op[re.sub(r"[._]\d+$", "", name)] += event.get("dur", 0.0)  # microseconds
+    for plane in jax.profiler.ProfileData.from_file(path).planes:
+        for line in plane.lines:
+            for event in line.events:
+                # Host-side runtime events (PjRt, thread pools, Python) are not operations of the step.
+                if re.search(r"::|\$|PjitFunction|^end: |Thunk", event.name):
+                    continue
+                per_op[re.sub(r"[._]\d+$", "", event.name)] += event.duration_ns / 1e3  # microseconds
     total = sum(per_op.values()) or 1.0
     return [
         {"op": op, "ms_per_step": round(us / steps / 1e3, 3), "share": round(us / total, 4)}

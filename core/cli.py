@@ -35,18 +35,12 @@ class GinError(ConfigError):
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The module docstring as written (its usage lines), each flag's default after its
-    help when it has one worth showing (not None, False or an empty list), and no hidden
-    aliases (`hidden_alias`)."""
+    """The module docstring as written (its usage lines), and each flag's default after its
+    help when it has one worth showing (not None, False or an empty list).
 
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        hidden = getattr(action, "hidden_aliases", ())
-        if not hidden:
-            return super()._format_action_invocation(action)
-        shown = [s for s in action.option_strings if s not in hidden]
-        return super()._format_action_invocation(
-            argparse.Action(shown, action.dest, nargs=action.nargs, metavar=action.metavar)
-        )
+    `_get_help_string` is the hook the standard library's own ArgumentDefaultsHelpFormatter
+    overrides; that class would also print "(default: None)" and "(default: False)" after
+    some sixty flags, which says nothing."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help_ = action.help or ""
@@ -76,14 +70,21 @@ def positive_int(text: str) -> int:
     return value
 
 
-def hidden_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
-    """Accepts `old` as another spelling of the flag `new` (docs/cli.md: the flag vocabulary):
-    the same action (type, default, required), not listed in --help or the usage line."""
-    action = next(a for a in parser._actions if new in a.option_strings)
-    action.option_strings.append(old)
-    parser._option_string_actions[old] = action
-    hidden = getattr(action, "hidden_aliases", ())
-    action.hidden_aliases = (*hidden, old)
+def hidden_alias(container: argparse._ActionsContainer, old: str, new: argparse.Action) -> None:
+    """Accepts `old` as another spelling of the flag whose action `add_argument` returned as
+    `new` (docs/cli.md: the flag vocabulary): an option of its own with the same destination
+    and type, left out of --help, the usage line and argparse's errors (help=SUPPRESS). For a
+    required flag, `new` and the alias belong to one required mutually exclusive group
+    (`container`), so that either satisfies it."""
+    container.add_argument(
+        old,
+        dest=new.dest,
+        type=new.type,
+        choices=new.choices,
+        metavar=new.metavar,
+        help=argparse.SUPPRESS,
+        default=argparse.SUPPRESS,
+    )
 
 
 def add_gin_flags(

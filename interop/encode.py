@@ -137,7 +137,7 @@ def build_parser():
     parser.add_argument("--workdir", required=True, help="pretraining or imported workdir")
     parser.add_argument("--input", required=True, help="text file: one sentence or A<TAB>B per line")
     parser.add_argument("--output", required=True, help="npz file to write")
-    parser.add_argument(
+    seq_len = parser.add_argument(
         "--seq_len",
         type=cli.positive_int,
         default=None,
@@ -145,7 +145,7 @@ def build_parser():
     )
     parser.add_argument("--batch_size", type=cli.positive_int, default=32, help="rows per forward pass")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    cli.hidden_alias(parser, "--max_seq_length", "--seq_len")
+    cli.hidden_alias(parser, "--max_seq_length", seq_len)
     return parser
 
 

@@ -5,6 +5,7 @@ stale when a flag or a file is renamed."""
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import re
@@ -115,7 +116,12 @@ def test_each_tool_command_parses(page, number, line, run):
         inner = parsed.command[1:] if parsed.command[:1] == ["--"] else parsed.command
         assert inner, f"{page}:{number}: no tool after --: {line}"
         test_each_tool_command_parses(page, number, line, (inner[0], inner[1:]))
-    hidden = {alias for action in parser._actions for alias in getattr(action, "hidden_aliases", ())}
+    hidden = {
+        alias
+        for action in parser._actions
+        if action.help == argparse.SUPPRESS
+        for alias in action.option_strings
+    }
     old = [a for a in args if a.split("=")[0] in hidden]
     assert not old, f"{page}:{number}: {old} is an old spelling (docs/cli.md): {line}"
     named = [*(getattr(parsed, "gin_file", None) or []), getattr(parsed, "grid", None)]
