@@ -7,6 +7,7 @@ on: NSP/SOP pairs are drawn inside one document, random "B" segments from anothe
     iter_documents("tfds:wikipedia/20230601.en")             a prepared TFDS dataset (split "train")
     iter_documents("tfds:wikipedia/20230601.en:train[:1%]")  ... any TFDS split expression
     iter_documents("corpus/*.txt,extra/books.txt.gz")        BERT-format text files (local or gs://)
+    iter_documents("c4/*.jsonl.zst"), ("wiki/" or "wiki/*.parquet")  one document per record
 
 BERT text format (google-research/bert `sample_text.txt`): one sentence per line, a
 blank line between documents, UTF-8; `.gz` files are decompressed on the fly.
@@ -152,28 +153,48 @@ def is_heldout(doc: Document, eval_fraction: float) -> bool:
 
 
 def iter_documents(
-    spec: str, *, max_line_chars: int = 100_000, tfds_data_dir: str | None = None, tfds_text_key: str = "text"
+    spec: str,
+    *,
+    max_line_chars: int = 100_000,
+    tfds_data_dir: str | None = None,
+    tfds_text_key: str = "text",
+    text_field: str = "text",
+    id_field: str | None = None,
+    sentences: str = "split",
 ) -> Iterator[Document]:
     """Yields the documents of a corpus, streaming (memory does not grow with its size).
 
     Args:
       spec: "demo"; "tfds:NAME" or "tfds:NAME:SPLIT" (SPLIT defaults to "train" and may be any
-        TFDS split expression, e.g. "train[:1%]"); or a comma-separated list of BERT-format
-        text file paths or globs (local or any `tf.io.gfile` filesystem, e.g. gs://).
+        TFDS split expression, e.g. "train[:1%]"); or a comma-separated list of file paths or
+        globs (local or any `tf.io.gfile` filesystem, e.g. gs://): BERT-format text (`.txt`,
+        `.gz`, anything else), JSONL (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`) and Parquet
+        (`.parquet`, or a folder of them), one document per record
+        (data/record_corpora.py).
       max_line_chars: text files only: the longest line accepted. A longer line almost always
         means the file is not one sentence per line.
       tfds_data_dir: TFDS only: where the prepared dataset lives (TFDS's default if None).
       tfds_text_key: TFDS only: the feature holding each example's text.
+      text_field, id_field, sentences: JSONL and Parquet only: the field with the text, the
+        one that names a record in messages, and "split" (into sentences) or "lines" (one
+        sentence per line of the text).
 
     Raises:
       CorpusError: the corpus is missing, malformed, or has no documents.
     """
+    if sentences not in ("split", "lines"):
+        raise CorpusError(
+            f"sentences={sentences!r}: write 'split' (raw text) or 'lines' (one sentence per line)"
+        )
     if spec == "demo":
         documents = iter(demo_documents())
     elif spec.startswith("tfds:"):
         documents = _tfds_documents(spec[len("tfds:") :], tfds_data_dir, tfds_text_key)
     else:
-        documents = _text_file_documents(spec, max_line_chars)
+        from data import record_corpora  # which reads data/corpora.py's splitter and errors
+
+        fields = record_corpora.RecordFields(text_field, id_field, sentences)
+        documents = _file_documents(spec, max_line_chars, fields)
     count = 0
     for doc in documents:
         count += 1
@@ -185,7 +206,10 @@ def iter_documents(
         )
 
 
-def _text_file_documents(spec: str, max_line_chars: int) -> Iterator[Document]:
+def _file_documents(spec: str, max_line_chars: int, fields) -> Iterator[Document]:
+    """The documents of the files a spec's globs match, in order, each read by its kind."""
+    from data import record_corpora
+
     for pattern in (p.strip() for p in spec.split(",")):
         if not pattern:
             continue
@@ -193,18 +217,26 @@ def _text_file_documents(spec: str, max_line_chars: int) -> Iterator[Document]:
         if not paths:
             raise CorpusError(f"no files match '{pattern}': check the path or glob")
         for path in paths:
-            if tf.io.gfile.isdir(path):
+            if tf.io.gfile.isdir(path):  # a Parquet dataset is a folder of files
                 folder = path.rstrip("/")
-                raise CorpusError(
-                    f"'{path}' is a folder: pass a glob of its files, e.g. --corpus='{folder}/*.txt' "
-                    f"(or '{folder}/*.txt.gz')"
-                )
-            yield from _read_text_file(path, max_line_chars)
+                parts = sorted(tf.io.gfile.glob(f"{folder}/*{record_corpora.PARQUET_SUFFIX}"))
+                if not parts:
+                    raise CorpusError(
+                        f"'{path}' is a folder: pass a glob of its files, e.g. --corpus='{folder}/*.txt' "
+                        f"(or '{folder}/*.txt.gz')"
+                    )
+                for part in parts:
+                    yield from record_corpora.documents(part, fields)
+            elif record_corpora.is_record_file(path):
+                yield from record_corpora.documents(path, fields)
+            else:
+                yield from _read_text_file(path, max_line_chars)
 
 
-class _GFileReader(io.RawIOBase):
-    """A `tf.io.gfile.GFile` as a raw stream, so `io.BufferedReader` and `gzip.GzipFile` can
-    give bounded `readline(limit)` on any filesystem (GFile's own readline has no limit)."""
+class GFileReader(io.RawIOBase):
+    """A `tf.io.gfile.GFile` opened "rb" as a raw, seekable stream, so that the standard
+    library (`io.BufferedReader`, `gzip.GzipFile`: bounded `readline(limit)`, which GFile's
+    own readline lacks) and pyarrow (zstd, Parquet) read any file system GFile reads."""
 
     def __init__(self, gfile):
         self._gfile = gfile
@@ -216,6 +248,16 @@ class _GFileReader(io.RawIOBase):
         data = self._gfile.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._gfile.seek(offset, whence)
+        return self._gfile.tell()
+
+    def tell(self) -> int:
+        return self._gfile.tell()
 
 
 def _read_text_file(path: str, max_line_chars: int) -> Iterator[Document]:
@@ -253,7 +295,7 @@ def _line_chunks(path: str, limit: int) -> Iterator[bytes]:
     in b"\n"."""
     try:
         with tf.io.gfile.GFile(path, "rb") as gfile:
-            stream = io.BufferedReader(_GFileReader(gfile), buffer_size=1 << 20)
+            stream = io.BufferedReader(GFileReader(gfile), buffer_size=1 << 20)
             if path.endswith(".gz"):
                 stream = gzip.GzipFile(fileobj=stream, mode="rb")
             while chunk := stream.readline(limit):

@@ -55,7 +55,7 @@ import tensorflow as tf
 
 from core import cli
 from core.errors import Interrupted, UserError
-from data import corpora, shards, tokenizers
+from data import corpora, record_corpora, shards, tokenizers
 
 _BATCH_DOCUMENTS = 64
 _UNSORTED = ".unsorted"
@@ -570,7 +570,10 @@ def preprocess(
 def build_parser():
     parser = cli.parser(__doc__, "data.preprocess")
     parser.add_argument(
-        "--corpus", required=True, help="'demo', 'tfds:NAME[:SPLIT]', or text file globs (comma-separated)"
+        "--corpus",
+        required=True,
+        help="'demo', 'tfds:NAME[:SPLIT]', or globs of text, JSONL (.jsonl[.gz|.zst]) or Parquet files "
+        "(comma-separated)",
     )
     parser.add_argument(
         "--tokenizer", required=True, help="tokenizer directory (data.tokenizers train, or published files)"
@@ -608,6 +611,7 @@ def build_parser():
         help="seed of the document order: shard and position come from a hash of the seed and the text",
     )
     parser.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir for --corpus=tfds:NAME")
+    record_corpora.add_flags(parser)
     parser.add_argument(
         "--overwrite", action="store_true", help="replace shards made from other inputs in --output"
     )
@@ -615,7 +619,7 @@ def build_parser():
 
 
 def _run(args) -> None:
-    corpus_kwargs = {"max_line_chars": args.max_line_chars}
+    corpus_kwargs = {"max_line_chars": args.max_line_chars, **record_corpora.corpus_kwargs(args)}
     if args.corpus.startswith("tfds:") and args.tfds_data_dir:
         corpus_kwargs["tfds_data_dir"] = args.tfds_data_dir
     preprocess(

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from core import cli
-from data import corpora
+from data import corpora, record_corpora
 from data.tokenizers.base import TokenizerError
 from data.tokenizers.training import KINDS, TRAINABLE_KINDS
 
@@ -36,7 +36,10 @@ def _train_main(args: argparse.Namespace) -> None:
     def training_documents() -> Iterator[tuple[str, ...]]:
         nonlocal documents
         for doc in corpora.iter_documents(
-            args.corpus, max_line_chars=args.max_line_chars, tfds_data_dir=args.tfds_data_dir
+            args.corpus,
+            max_line_chars=args.max_line_chars,
+            tfds_data_dir=args.tfds_data_dir,
+            **record_corpora.corpus_kwargs(args),
         ):
             if not corpora.is_heldout(doc, args.eval_fraction):
                 documents += 1
@@ -71,7 +74,8 @@ def build_parser():
     train.add_argument(
         "--corpus",
         required=True,
-        help="'demo', 'tfds:NAME[:SPLIT]', or BERT-format text files (comma-separated globs)",
+        help="'demo', 'tfds:NAME[:SPLIT]', or globs of BERT-format text, JSONL (.jsonl[.gz|.zst]) or "
+        "Parquet files (comma-separated)",
     )
     train.add_argument(
         "--kind", choices=KINDS, default="wordpiece", help="BERT, RoBERTa, ALBERT or XLNet vocab"
@@ -106,6 +110,7 @@ def build_parser():
         help="a longer line in a text corpus is an error",
     )
     train.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir for --corpus=tfds:NAME")
+    record_corpora.add_flags(train)
     return parser
 
 
