@@ -24,10 +24,12 @@ Tokenization runs in `--num_workers` processes (with one, in this process); the 
 keeps at most a few batches in flight, so tokenizing needs little memory whatever the
 corpus size. Documents are first written to `*.tfrecord.unsorted` files in corpus order,
 each record prefixed with its order key; then each shard is read back, sorted by key and
-written. Sorting holds one shard per worker in memory: about (tokenized corpus size) x
-num_workers / num_shards, so a large corpus wants many shards (the pod examples use 256)
-or fewer workers. A worker that dies (the out-of-memory killer's SIGKILL) stops
-preprocessing with one error line that names the work it lost. The `*.unsorted` files are
+written, exact duplicates of a document dropped (every copy of a text has its key, so they
+meet in one shard; `--keep_duplicates` keeps them; the manifest counts them). Sorting
+holds one shard per worker in memory: about (tokenized corpus size) x num_workers /
+num_shards, so a large corpus wants many shards (the pod examples use 256) or fewer
+workers. A worker that dies (the out-of-memory killer's SIGKILL) stops
+preprocessing with one error line that names the work it lost. The shard files are
 removed when preprocessing fails or is interrupted, and the manifest is not written. The
 output depends only on the inputs and options, never on --num_workers.
 """
@@ -110,7 +112,11 @@ class ShardWriter:
     ([vocab_size] int64 tokens per id of the train split: span masking's random tokens).
     """
 
-    def __init__(self, output: str, num_shards: dict[str, int], vocab_size: int):
+    def __init__(
+        self, output: str, num_shards: dict[str, int], vocab_size: int, drop_duplicates: bool = True
+    ):
+        self.drop_duplicates = drop_duplicates
+        self.duplicates = 0
         self.num_shards = dict(num_shards)
         self.paths = {
             split: [os.path.join(output, shards.shard_name(split, i, n)) for i in range(n)]
@@ -169,6 +175,19 @@ class ShardWriter:
             _KEY.pack(order, doc_id) + shards.encode_document(doc_id, sentences)
         )
 
+    def forget(self, path: str, dropped: Duplicates) -> None:
+        """Takes the duplicates a shard's sort dropped out of the counts."""
+        split = next(split for split, paths in self.paths.items() if path in paths)
+        stats = self.stats[split]
+        stats.documents -= dropped.documents
+        stats.sentences -= dropped.sentences
+        stats.tokens -= dropped.tokens
+        stats.single_sentence_documents -= dropped.single_sentence_documents
+        self.per_shard[split][self.paths[split].index(path)] -= dropped.documents
+        if split == "train":
+            self.unigrams -= dropped.token_counts
+        self.duplicates += dropped.documents
+
     def close(self) -> None:
         for writers in self._writers.values():
             for writer in writers:
@@ -202,6 +221,7 @@ class ShardWriter:
             },
             "dropped_empty_sentences": self.dropped_sentences,
             "dropped_empty_documents": self.dropped_documents,
+            "dropped_duplicate_documents": self.duplicates,
             shards.UNIGRAM_COUNTS: self.unigrams.tolist(),
         }
 
@@ -272,19 +292,58 @@ def _document_batches(
         yield batch
 
 
-def _sort_shard(path: str) -> str:
-    """Rewrites PATH.unsorted as PATH: its documents sorted by order key, prefixes removed.
+@dataclasses.dataclass
+class Duplicates:
+    """What sorting one shard dropped as exact duplicates of a document kept before them:
+    their counts, and `token_counts` [vocab_size] int64 (for the train split's unigrams)."""
 
-    Holds one shard in memory (the records as bytes). Returns PATH.
+    documents: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    single_sentence_documents: int = 0
+    token_counts: np.ndarray | None = None
+
+
+def _sort_shard(path: str, drop_duplicates: bool = True, vocab_size: int = 0) -> tuple[str, Duplicates]:
+    """Rewrites PATH.unsorted as PATH: its documents sorted by order key, prefixes removed,
+    and (unless told otherwise) each exact duplicate of a document dropped.
+
+    The order key is a hash of the document's text, so every copy of a text lands in the
+    same shard, next to the others once sorted (by key, then corpus order: the first copy is
+    kept); a copy is a duplicate when its tokens are the first's too (a shared 64-bit key
+    alone could be two texts). So exact deduplication costs no memory beyond the sort's.
+    Holds one shard in memory (the records as bytes). Returns (PATH, what was dropped).
     """
     unsorted = path + _UNSORTED
     records = list(tf.data.TFRecordDataset(unsorted).as_numpy_iterator())
     records.sort(key=lambda record: record[: _KEY.size])
+    dropped = Duplicates(token_counts=np.zeros(vocab_size, np.int64))
+    kept_key, kept_tokens = None, None
     with tf.io.TFRecordWriter(path) as writer:
         for record in records:
-            writer.write(record[_KEY.size :])
+            key, body = record[:8], record[_KEY.size :]
+            if drop_duplicates:
+                tokens = _tokens(body)
+                if key == kept_key and all(np.array_equal(a, b) for a, b in zip(tokens, kept_tokens)):
+                    dropped.documents += 1
+                    dropped.sentences += len(tokens[1])
+                    dropped.tokens += len(tokens[0])
+                    dropped.single_sentence_documents += len(tokens[1]) == 1
+                    dropped.token_counts += np.bincount(tokens[0], minlength=vocab_size)
+                    continue
+                kept_key, kept_tokens = key, tokens
+            writer.write(body)
     tf.io.gfile.remove(unsorted)
-    return path
+    return path, dropped
+
+
+def _tokens(document_record: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(token_ids, sentence_lengths) of a document record (shards.encode_document's)."""
+    features = tf.train.Example.FromString(document_record).features.feature
+    return (
+        np.asarray(features["token_ids"].int64_list.value, np.int64),
+        np.asarray(features["sentence_lengths"].int64_list.value, np.int64),
+    )
 
 
 def _tokenize_and_sort_here(
@@ -296,7 +355,7 @@ def _tokenize_and_sort_here(
         writer.write(batch, _tokenize_batch(batch.documents))
     writer.close()
     for path in writer.all_paths:
-        _sort_shard(path)
+        writer.forget(*_sort_shard(path, writer.drop_duplicates, len(writer.unigrams)))
 
 
 class _Workers:
@@ -356,14 +415,18 @@ class _Workers:
         writer.write(batch, tokenized.result())
         in_flight.popleft()  # only once written: a dead worker's batch stays the oldest
 
-    def sort(self, paths: Sequence[str]) -> None:
-        """Sorts every shard, one per worker at a time (one shard in memory per worker)."""
+    def sort(self, writer: ShardWriter) -> None:
+        """Sorts every shard of `writer` (dropping duplicates unless told otherwise), one per
+        worker at a time (one shard in memory per worker)."""
         sorting = "the shards"
         try:
-            started = [(path, self._pool.submit(_sort_shard, path)) for path in paths]
+            started = [
+                (path, self._pool.submit(_sort_shard, path, writer.drop_duplicates, len(writer.unigrams)))
+                for path in writer.all_paths
+            ]
             for path, done in started:
                 sorting = os.path.basename(path)
-                done.result()
+                writer.forget(*done.result())
         except BrokenProcessPool:
             raise self._died(f"sorting {sorting} (each worker holds one shard in memory)") from None
 
@@ -385,7 +448,7 @@ def _write_shards(
             with _Workers(num_workers, tokenizer_path) as workers:
                 workers.tokenize(batches, writer)
                 writer.close()
-                workers.sort(writer.all_paths)
+                workers.sort(writer)
     except BaseException:
         # A bad input line, Ctrl-C, a dead worker or a failed sort: leave no unsorted copy of the corpus.
         writer.close()
@@ -520,6 +583,7 @@ def preprocess(
     max_single_sentence_fraction: float = 0.5,
     shuffle_seed: int = 0,
     overwrite: bool = False,
+    keep_duplicates: bool = False,
     corpus_kwargs: dict | None = None,
     log=print,
 ) -> shards.Manifest:
@@ -533,6 +597,8 @@ def preprocess(
         eval_fraction=eval_fraction,
         order=f"sha256-sorted:{shuffle_seed}",  # shards written in corpus order need --overwrite
         **{k: str(v) for k, v in corpus_kwargs.items()},
+        # Only when set: shards written before deduplication existed stay up to date.
+        **({"keep_duplicates": "True"} if keep_duplicates else {}),
     )
     fingerprint = _fingerprint(corpus, tokenizer.identity(), options)
     existing = _existing_output(output, fingerprint, overwrite, log)
@@ -541,7 +607,9 @@ def preprocess(
     tf.io.gfile.makedirs(output)
 
     start = time.time()
-    writer = ShardWriter(output, {"train": num_shards, "eval": num_eval_shards}, tokenizer.vocab_size)
+    writer = ShardWriter(
+        output, {"train": num_shards, "eval": num_eval_shards}, tokenizer.vocab_size, not keep_duplicates
+    )
     try:
         batches = _document_batches(corpus, eval_fraction, shuffle_seed, corpus_kwargs)
         _write_shards(batches, writer, num_workers or max(1, min(os.cpu_count() or 1, 8)), tokenizer_path)
@@ -562,7 +630,8 @@ def preprocess(
     log(
         f"wrote {output}: {train.documents} train / {held_out.documents} eval documents, "
         f"{train.tokens + held_out.tokens} tokens, {num_shards}+{num_eval_shards} shards "
-        f"in {manifest['seconds']} s (dropped {writer.dropped_sentences} sentences with no tokens)"
+        f"in {manifest['seconds']} s (dropped {writer.duplicates} duplicate documents and "
+        f"{writer.dropped_sentences} sentences with no tokens)"
     )
     return shards.Manifest(output, manifest)
 
@@ -613,6 +682,11 @@ def build_parser():
     parser.add_argument("--tfds_data_dir", default=None, help="TFDS data_dir for --corpus=tfds:NAME")
     record_corpora.add_flags(parser)
     parser.add_argument(
+        "--keep_duplicates",
+        action="store_true",
+        help="keep documents whose text repeats an earlier one (dropped by default; counted in the manifest)",
+    )
+    parser.add_argument(
         "--overwrite", action="store_true", help="replace shards made from other inputs in --output"
     )
     return parser
@@ -631,6 +705,7 @@ def _run(args) -> None:
         eval_fraction=args.eval_fraction,
         num_workers=args.num_workers,
         overwrite=args.overwrite,
+        keep_duplicates=args.keep_duplicates,
         max_single_sentence_fraction=args.max_single_sentence_fraction,
         shuffle_seed=args.shuffle_seed,
         corpus_kwargs=corpus_kwargs,

@@ -1,5 +1,6 @@
 """data.preprocess: corpus + tokenizer -> shards + manifest; no-op re-runs; clear errors."""
 
+import functools
 import hashlib
 import json
 import os
@@ -245,7 +246,8 @@ def _records_digest(path):
 
 # The output for this corpus and options as data/preprocess.py wrote it before ShardWriter
 # (its records, their order, and manifest.json with the fingerprint, the seconds and the
-# corpus's directory masked): what preprocessing writes must not change.
+# corpus's directory masked): what preprocessing writes must not change. (The manifest has
+# counted the duplicates dropped, "dropped_duplicate_documents": 0 here, since they are.)
 PINNED_SHARDS = {
     "train-00000-of-00003.tfrecord": "3899e9ed1b268f97e1c013821ef00fc9a8947484c403518c4e59de6943d83bf6",
     "train-00001-of-00003.tfrecord": "0120bbe50072d0dbb64b1838c4352c0e0ea6dfd99bd999c588827ec93c219b5e",
@@ -253,7 +255,7 @@ PINNED_SHARDS = {
     "eval-00000-of-00002.tfrecord": "37d530d334507d1be844451aa72336c588eef1e8d5c7370dfa3b2dc173403314",
     "eval-00001-of-00002.tfrecord": "a53029e7ef07af9b7ee1a707ad2e14abcb5165805c102ba64474dc225bcb2e0e",
 }
-PINNED_MANIFEST = "6b78b360bcc10c126bf1ff2ffa879a6d3385adae6e68b7827abf5cf6eab16f1e"
+PINNED_MANIFEST = "8a75da4e49b612c9c0f85c7ec1d340a7712546a0885a819d7bad4041e5e8d161"
 
 
 @pytest.mark.slow
@@ -594,3 +596,37 @@ def test_ctrl_c_in_preprocessing_is_one_line_and_keeps_nothing(tmp_path, tokeniz
         "command to start again\n"
     )
     assert os.listdir(out) == []
+
+
+def test_exact_duplicate_documents_are_dropped_and_counted_unless_kept(tmp_path, tokenizer_dir):
+    """Copies of a document anywhere in the corpus: the first is kept, the others dropped,
+    and every count of the manifest (documents, sentences, tokens, per-shard, unigrams) is
+    that of the corpus without them; --keep_duplicates keeps them all."""
+    texts = _write_corpus(tmp_path / "unique.txt", num_docs=40)
+    with_copies = texts[:10] + [texts[3], texts[7]] + texts[10:] + [texts[3], texts[25]]
+    (tmp_path / "copies.txt").write_text("\n\n".join(with_copies) + "\n")
+    run = functools.partial(
+        preprocess.preprocess,
+        tokenizer_path=tokenizer_dir,
+        num_shards=3,
+        eval_fraction=0.2,
+        log=lambda *_: None,
+    )
+    unique = run(str(tmp_path / "unique.txt"), output=str(tmp_path / "u"), num_workers=1)
+    deduped = run(str(tmp_path / "copies.txt"), output=str(tmp_path / "d"), num_workers=2)
+    kept = run(str(tmp_path / "copies.txt"), output=str(tmp_path / "k"), num_workers=1, keep_duplicates=True)
+    assert (
+        deduped.fields["dropped_duplicate_documents"] == 4 and kept.fields["dropped_duplicate_documents"] == 0
+    )
+    for key in ("splits", shards.UNIGRAM_COUNTS):
+        assert deduped.fields[key] == unique.fields[key], key
+
+    def documents(manifest):
+        return sorted(
+            tuple(doc["token_ids"].tolist())
+            for split in ("train", "eval")
+            for doc in _read(manifest.directory, split)
+        )
+
+    assert documents(deduped) == documents(unique)
+    assert len(documents(kept)) == len(with_copies)
