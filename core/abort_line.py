@@ -86,8 +86,11 @@ def abort_line(fatal: bytes, num_processes: int, heartbeat_seconds: float | None
             f"is gone (killed, its host lost, or an error of its own: see its output): {_RESUME}"
         )
     elif HEARTBEATS_STOPPED in fatal:
-        dead = _DEAD_TASKS.search(fatal)
-        ids = sorted({int(i) for i in re.findall(rb"(?:task:)?(\d+)\b", dead.group(1))}) if dead else []
+        listed = _DEAD_TASKS.search(fatal)
+        listed = listed.group(1) if listed else b""
+        # Task names (/job:jax_worker/replica:0/task:1) or, as jaxlib 0.10 prints them, bare ids.
+        found = re.findall(rb"task:(\d+)", listed) or re.findall(rb"^\s*(\d+)\s*$", listed, re.M)
+        ids = sorted({int(i) for i in found})
         who = (
             f"process{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids))} of {num_processes}"
             if ids

@@ -366,6 +366,13 @@ class Checkpointer:
         self._max_to_keep = max_to_keep
         self._in_flight: int | None = None  # the step orbax is writing in the background
         self.manager = self._open()
+        if jax.process_index() == 0 and epath.Path(workdir, data_position.LEGACY_DIR).is_dir():
+            log.info(
+                "%s/%s holds data positions in an older version's layout: they are read for their steps; "
+                "delete the folder once none of those steps is left in checkpoints/",
+                workdir,
+                data_position.LEGACY_DIR,
+            )
 
     def _open(self) -> ocp.CheckpointManager:
         return ocp.CheckpointManager(
@@ -551,8 +558,17 @@ class Checkpointer:
     def _restore_iterator(self, step: int, iterator: tf.data.Iterator) -> None:
         import tensorflow as tf  # the input pipeline's
 
+        item = os.path.join(self.directory, str(step), data_position.ITEM)
         try:  # before the state: the cheap read, and a mismatch then costs no state restore
-            data_position.read(iterator, data_position.file_prefix(self._positions_dir(step)))
+            if epath.Path(item).is_dir():
+                self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        **{data_position.ITEM: data_position.DataPositionRestore(iterator)}
+                    ),
+                )
+            else:  # an older version's layout
+                data_position.read(iterator, data_position.legacy_prefix(self.workdir, step))
         except tf.errors.OpError as e:
             # tf.data's words for a state saved by a differently built dataset (or one whose
             # batches have another shape: another per-host batch).

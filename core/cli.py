@@ -303,10 +303,10 @@ def parse_gin(
         gin.parse_config_files_and_bindings(files, bindings, finalize_config=False, skip_unknown=skip_unknown)
     except UserError:
         raise
-    except tokenize.TokenError:  # in a file that a --gin_file includes
+    except tokenize.TokenError:  # in a file that a --gin_file includes (the others are checked)
         raise GinError(
-            "a bracket or quote is never closed in a gin file that --gin_file includes: check the files "
-            "it includes"
+            "a bracket or a triple-quoted string is never closed in a gin file that a --gin_file "
+            "includes: close it where its value ends"
         ) from None
     # gin reports every parse problem (syntax, unknown configurable or parameter, bad
     # reference) from this call as one of these; the call site makes it a gin error.
@@ -318,10 +318,10 @@ def parse_gin(
 
 
 def _check_brackets(text: str, where: str, *, numbered: bool) -> None:
-    """A GinError naming the line of a bracket that is never closed: gin reads the rest of the
-    file (or binding) as part of that value and fails far from the cause, with a traceback
-    of Python's tokenizer at the end of a binding. `where` names the file (`numbered`: with
-    the line's number) or the binding."""
+    """A GinError naming the line of a bracket or triple-quoted string that is never closed:
+    gin reads the rest of the file (or binding) as part of that value and fails far from the
+    cause, with a traceback of Python's tokenizer at the end. `where` names the file
+    (`numbered`: with the line's number) or the binding."""
     opened: list[tuple[int, str]] = []
     try:
         for token in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -329,15 +329,16 @@ def _check_brackets(text: str, where: str, *, numbered: bool) -> None:
                 opened.append((token.start[0], token.string))
             elif token.type == tokenize.OP and token.string in ")]}" and opened:
                 opened.pop()
-    except tokenize.TokenError:
-        if opened:
-            line, bracket = opened[0]
-            source = text.splitlines()[line - 1].strip()
-            place = f"{where}:{line}" if numbered else where
-            raise GinError(
-                f"{place}: the {bracket!r} of `{source}` is never closed: close it on that line "
-                "(a value that spans lines needs its closing bracket too)"
-            ) from None
+    except tokenize.TokenError as e:
+        # The tokenizer stops at the end inside a bracket (the first one open is named) or
+        # inside a multi-line string (it reports where the string starts).
+        line, what = opened[0] if opened else (e.args[1][0], "triple-quoted string")
+        source = text.splitlines()[line - 1].strip()
+        place = f"{where}:{line}" if numbered else where
+        what = repr(what) if opened else what
+        raise GinError(
+            f"{place}: the {what} of `{source}` is never closed: close it where its value ends"
+        ) from None
     except SyntaxError:  # gin's own parser says what is wrong with the rest
         pass
 

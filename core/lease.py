@@ -16,17 +16,21 @@ runs:
 - **Alive or dead.** The holder rewrites `renewed` every `RENEW_SECONDS` from a daemon
   thread. A holder on this machine (the same host, boot and pid namespace: `machine`) is
   alive while its process exists, so a run killed with SIGKILL is taken over at once. A
-  holder elsewhere is alive if it renews: a lease last renewed more than `TIMEOUT_SECONDS`
-  ago is dead at once; a fresher one is watched, and it is alive as soon as it is renewed,
-  dead when it is not renewed for `TIMEOUT_SECONDS` of this process's clock (so a restart
-  on another host right after a preemption waits at most that long, and clock skew
-  between hosts does not matter).
+  holder elsewhere is alive if it renews: it is watched, alive as soon as it renews, dead
+  when it does not for `TIMEOUT_SECONDS` of this process's clock (so a restart on another
+  host right after a preemption waits at most that long). Its own `renewed` time is
+  trusted only when it is `STALE_FACTOR` timeouts old (a lease left yesterday), since the
+  other machine's clock may be behind ours.
 - **Losing it.** A holder that cannot renew for longer than the timeout (paused, cut off
-  from the bucket) may have been taken over: its thread sees the other run's lease and
-  `check()` raises LeaseLostError, which the trainer calls before every checkpoint and log
-  line, so it stops without writing over the other run's files.
-- **Letting go.** A run that ends (finished, stopped by a signal, failed with an error)
-  deletes the lease if it is still its own.
+  from the bucket) may have been taken over. `check()`, which the trainer calls on every
+  process before every log line and checkpoint, renews there and then when the last
+  renewal is older than half the timeout, and raises LeaseLostError on every process of a
+  pod when the lease is another launch's (or could not be confirmed for the whole
+  timeout), so the run stops without writing over the other run's files. A write that
+  failed only in its reply (a retried conditional write on gs://) is recognised by the
+  launch id read back, and a removed lease file is written again.
+- **Letting go.** A run that ends (finished, stopped, failed with an error) deletes the
+  lease if it is still its own. A process killed outright leaves it, to be taken over.
 - **Pods.** Process 0 holds the cluster's one lease; the others learn its outcome from the
   JAX coordination service (the same refusal line on every process), so the processes of
   one launch never refuse each other.
@@ -52,6 +56,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Protocol
 
+import numpy as np
+
 from core.errors import UserError, one_line
 
 log = logging.getLogger(__name__)
@@ -60,6 +66,9 @@ LEASE_FILE = "lease.json"
 LOCK_FILE = ".lease.lock"
 RENEW_SECONDS = 10.0
 TIMEOUT_SECONDS = 60.0
+# A lease another machine renewed longer ago than this many timeouts, on our clock, is dead
+# at once (its clock would have to be that far behind ours); a fresher one is watched.
+STALE_FACTOR = 10
 
 
 class LeaseError(UserError):
@@ -275,10 +284,19 @@ def store_for(workdir: str) -> Store:
 class Lease:
     """A lease this process holds (or, on a pod's other processes, that process 0 holds)."""
 
-    def __init__(self, workdir: str, store: Store | None, record: Holder | None, generation: object):
-        self.workdir = workdir
+    def __init__(
+        self,
+        workdir: str,
+        store: Store | None,
+        record: Holder | None,
+        generation: object,
+        timeout: float = TIMEOUT_SECONDS,
+    ):
+        self.workdir, self.timeout = workdir, timeout
         self._store, self._record, self._generation = store, record, generation
         self._lost: str | None = None
+        self._renewed = time.monotonic()  # of the last renewal that reached the store
+        self._lock = threading.Lock()  # one compare-and-swap at a time: the thread's or check()'s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -289,22 +307,17 @@ class Lease:
     def start_renewing(self, every: float) -> None:
         if self._store is None:
             return
-        self._thread = threading.Thread(target=self._renew, args=(every,), name="workdir_lease", daemon=True)
+        self._thread = threading.Thread(
+            target=self._renew_every, args=(every,), name="workdir_lease", daemon=True
+        )
         self._thread.start()
 
-    def _renew(self, every: float) -> None:
+    def _renew_every(self, every: float) -> None:
         warned = False
-        while not self._stop.wait(every):
+        while not self._stop.wait(every) and self._lost is None:
             try:
-                record = self._record.renewed_now()
-                generation = self._store.replace(record.encode(), self._generation)
-                if generation is None:
-                    data, _ = self._store.read()
-                    other = Holder.parse(data) if data is not None else None
-                    self._lost = other.describe() if other else "nobody (the lease file was removed)"
-                    log.error("workdir %s: this run's lease is now held by %s", self.workdir, self._lost)
-                    return
-                self._record, self._generation, warned = record, generation, False
+                self._renew()
+                warned = False
             except Exception as e:  # pylint: disable=broad-except  (a network or disk hiccup: try again)
                 if not warned:
                     warned = True
@@ -312,13 +325,51 @@ class Lease:
                         "workdir %s: cannot renew the lease (%s); trying again", self.workdir, one_line(e)
                     )
 
+    def _renew(self) -> None:
+        """One renewal: a compare-and-swap on the generation this run wrote last. When it
+        fails, the record is read back: this run's own (a retried write that had landed)
+        is adopted, a missing file recreated, another launch's means the lease is lost."""
+        with self._lock:
+            if self._lost is not None:
+                return
+            record = self._record.renewed_now()
+            generation = self._store.replace(record.encode(), self._generation)
+            if generation is None:
+                data, current = self._store.read()
+                other = Holder.parse(data) if data is not None else None
+                if data is None:
+                    generation = self._store.create(record.encode())
+                    log.warning(
+                        "workdir %s: the lease file was removed; this run wrote it again", self.workdir
+                    )
+                elif other is not None and other.launch_id == record.launch_id:
+                    record, generation = other, current
+                if generation is None:
+                    self._lost = other.describe() if other else "another launch"
+                    log.error("workdir %s: this run's lease is now held by %s", self.workdir, self._lost)
+                    return
+            self._record, self._generation, self._renewed = record, generation, time.monotonic()
+
     def check(self) -> None:
-        """Raises LeaseLostError once another launch has taken the workdir over."""
-        if self._lost is not None:
+        """Raises LeaseLostError once another launch has taken the workdir over, on every
+        process of a pod (process 0 holds the lease; the others learn from it: call on every
+        process, at the same points). A renewal older than the timeout allows is made here and
+        now, so that a run paused or cut off for that long never writes before it knows."""
+        lost = self._lost
+        if self._store is not None and lost is None and time.monotonic() - self._renewed > self.timeout / 2:
+            try:
+                self._renew()
+            except Exception as e:  # pylint: disable=broad-except
+                if time.monotonic() - self._renewed > self.timeout:
+                    failed = f"renewing failed for over {self.timeout:g} s: {one_line(e)}"
+                    self._lost = f"nobody it could confirm ({failed})"
+            lost = self._lost
+        lost = _share_lost(lost)
+        if lost is not None:
             raise LeaseLostError(
-                f"workdir '{self.workdir}' was taken over by another launch, {self._lost}, while "
-                f"this run could not renew its lease (paused or cut off for over {TIMEOUT_SECONDS:g} s): "
-                "this process stops without writing more; the other run owns the workdir"
+                f"workdir '{self.workdir}' is no longer this run's: its lease is held by {lost} (this run "
+                f"was paused or cut off for over {self.timeout:g} s): this process stops without writing "
+                "more; see who holds it, then run the same command again if it should go on"
             )
 
     def release(self) -> None:
@@ -331,10 +382,31 @@ class Lease:
                 self._store.delete(self._generation)
 
 
+def _share_lost(lost: str | None) -> str | None:
+    """Process 0's verdict on every process of a cluster (the others hold no store); outside
+    one, `lost` itself. A collective: every process calls it at the same point."""
+    from core import cluster
+
+    if not cluster.in_cluster():
+        return lost
+    from jax.experimental import multihost_utils
+
+    text = (lost or "").encode()[:1024]
+    buffer = np.zeros(1025, np.uint8)
+    buffer[0] = lost is not None
+    buffer[1 : 1 + len(text)] = np.frombuffer(text, np.uint8)
+    shared = np.asarray(multihost_utils.broadcast_one_to_all(buffer))
+    if not shared[0]:
+        return None
+    return bytes(shared[1:]).rstrip(b"\0").decode(errors="replace") or "another launch"
+
+
 def _refusal(workdir: str, holder: Holder) -> LeaseError:
+    # Pretraining stops after its step with a checkpoint on SIGTERM; the other tools just end.
+    how = "SIGTERM stops it with a checkpoint: " if holder.tool == "pretraining" else ""
     return LeaseError(
-        f"workdir '{workdir}' is in use by {holder.describe()}: wait for it to end, stop it (SIGTERM "
-        f"stops it with a checkpoint: kill {holder.pid} on {holder.host}), or choose another --workdir"
+        f"workdir '{workdir}' is in use by {holder.describe()}: wait for it to end, stop it ({how}kill "
+        f"{holder.pid} on {holder.host}), or choose another --workdir"
     )
 
 
@@ -359,6 +431,8 @@ def take(
                 return mine, created
             continue  # another launch created it first: judge that one
         holder = Holder.parse(data)
+        if holder is not None and holder.launch_id == mine.launch_id:
+            return holder, generation  # our own write, which a retry reported as failed
         if holder is None:
             reason = "an unreadable lease file"
         elif holder.machine == mine.machine:
@@ -376,7 +450,10 @@ def take(
                     holder.describe(),
                     timeout,
                 )
-            if time.time() - holder.renewed <= timeout and time.monotonic() - watched[1] <= timeout:
+            # Another machine's clock may run behind ours: its age on our clock is trusted
+            # only when far beyond the timeout; otherwise it must not renew while we watch.
+            stale = time.time() - holder.renewed > STALE_FACTOR * timeout
+            if not stale and time.monotonic() - watched[1] <= timeout:
                 time.sleep(poll)
                 continue
             reason = f"{holder.describe()}, not renewed for over {timeout:g} s"
@@ -385,7 +462,7 @@ def take(
         if taken is not None:
             log.warning("workdir %s: took over the lease of %s", workdir, reason)
             return mine, taken
-        watched = None  # someone else wrote it meanwhile: judge the new one
+        watched = None  # someone else wrote it meanwhile (or our write landed): judge what is there
 
 
 # Coordination-service keys of the leases process 0 took, one per call in this process.
@@ -436,7 +513,7 @@ def acquire(
                 os.makedirs(workdir, exist_ok=True)
             store = store if store is not None else store_for(workdir)
             record, generation = take(workdir, tool, store=store, timeout=timeout)
-            lease = Lease(workdir, store, record, generation)
+            lease = Lease(workdir, store, record, generation, timeout)
         except LeaseError as e:
             refusal = str(e)
         except Exception as e:  # pylint: disable=broad-except  (permissions, credentials, the network)

@@ -260,6 +260,7 @@ def build_parser():
     parser = cli.parser(__doc__, "finetune.glue")
     source = parser.add_mutually_exclusive_group(required=True)  # --init_from or its old spelling
     init_from = source.add_argument("--init_from", help="pretraining (or imported) workdir to start from")
+    cli.hidden_alias(source, "--init_checkpoint", init_from)  # next to it: the usage line shows the group
     parser.add_argument(
         "--tasks", default="all", help="'all' (the nine tasks and AX) or a list, e.g. 'cola,sst2,mnli,ax'"
     )
@@ -272,7 +273,6 @@ def build_parser():
     cli.add_gin_flags(parser, default_files=["configs/glue/bert.gin"], example="Grid.seeds = (0, 1, 2)")
     cli.add_mesh_flags(parser)
     cli.add_compilation_cache_flag(parser)
-    cli.hidden_alias(source, "--init_checkpoint", init_from)
     return parser
 
 

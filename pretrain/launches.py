@@ -76,9 +76,16 @@ _FREE = {
     "EncoderConfig": COMPUTE_FIELDS,
     "adamw": SCHEDULE_PARAMETERS,
     "lamb": SCHEDULE_PARAMETERS,
+    # XLNet's memory length: a checkpoint's memories of another length restart from their
+    # initial value (core/checkpointing.py), the model and optimizer state go on.
+    "XLNetOptions": frozenset({"mem_len"}),
+    # How parameters are laid out on the mesh, which a run may change as it may its mesh.
+    "logical_axis_rules": frozenset({"fsdp_embed"}),
 }
 _STREAM_RUN_SETTINGS = frozenset({"batch_size", "data_dir", "pipeline_config", "phase2_pipeline_config"})
 _UNBOUND = "(default)"
+# The change of shards written anew at the same path (their manifest's fingerprint).
+_SHARDS = "the fingerprint of the shards in run.data_dir"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,15 +172,18 @@ def _records(workdir: str) -> list[str]:
     )
 
 
-def previous(workdir: str) -> dict | None:
-    """The workdir's last launch record (with its path as "where"), or None."""
-    records = _records(workdir)
-    if not records:
-        return None
-    with tf.io.gfile.GFile(records[-1]) as f:
-        record = json.load(f)
-    record["where"] = records[-1]
-    return record
+def previous(workdir: str, latest_step: int) -> dict | None:
+    """The record of the launch that wrote checkpoint `latest_step` (with its path as
+    "where"): the last one that started before that step. A later launch that resumed from
+    it and saved nothing (it failed, or had nothing left to train) changed no checkpoint,
+    so its settings are not what the checkpoint means. None when no record says."""
+    for path in reversed(_records(workdir)):
+        with tf.io.gfile.GFile(path) as f:
+            record = json.load(f)
+        if (record.get("resumed_from") or 0) < latest_step:
+            record["where"] = path
+            return record
+    return None
 
 
 def changes(before: dict, view: dict[str, str], data_fingerprint: str | None) -> list[Change]:
@@ -183,16 +193,25 @@ def changes(before: dict, view: dict[str, str], data_fingerprint: str | None) ->
     objective's, the optimizer's) are, over every binding either launch made, at its
     operative value when the other launch left it unbound."""
     found = []
+    fingerprints = (before.get("data_fingerprint"), data_fingerprint)
+    same_shards = None not in fingerprints and fingerprints[0] == fingerprints[1]
     for setting in sorted(set(before["settings"]) & set(view)):
         was, now = before["settings"][setting], view[setting]
         if was != now:
-            same_shards = setting == "run.data_dir" and before.get("data_fingerprint") == data_fingerprint
-            found.append(Change(setting, was, now, "free" if same_shards else kind(setting)))
+            moved = setting == "run.data_dir" and same_shards  # the same shards at another path
+            found.append(Change(setting, was, now, "free" if moved else kind(setting)))
+    if (
+        None not in fingerprints
+        and not same_shards
+        and view.get("run.data_dir") == before["settings"].get("run.data_dir")
+    ):  # shards written anew in place (data.preprocess --overwrite)
+        found.append(Change(_SHARDS, fingerprints[0], fingerprints[1], "stream"))
     described = {_configurable(setting) for setting in view}
     explicit = (bindings(before["config"]), bindings(gin.config_str()))
     operative = (bindings(before["operative_config"]), bindings(gin.operative_config_str()))
     for setting in sorted(set(explicit[0]) | set(explicit[1])):
-        if _configurable(setting) in described:
+        # Macros (`STEPS = 100`) act through the bindings that use them, compared as those.
+        if "." not in setting or _configurable(setting) in described:
             continue
         was, now = (explicit[i].get(setting, operative[i].get(setting, _UNBOUND)) for i in range(2))
         if was != now:
@@ -216,11 +235,19 @@ def check(changed: list[Change], workdir: str, before: dict, reset_data_iterator
         )
     if stream and not reset_data_iterator:
         c = stream[0]
+        reset = (
+            "bind run.reset_data_iterator = True to go on from these checkpoints with the new setting "
+            "and the data stream restarted from its beginning"
+        )
+        if c.setting == _SHARDS:
+            raise ConfigError(
+                f"the shards in run.data_dir were written anew since the checkpoints in {workdir} were "
+                f"trained (fingerprint {c.now[:12]}, theirs {c.was[:12]}: {where}): resume with the shards "
+                f"they were trained on, or {reset}"
+            )
         raise ConfigError(
             f"{c.setting} = {c.now}{more(stream)}, but the checkpoints in {workdir} were trained with "
-            f"{c.was} ({where}): resume with {c.setting} = {c.was}, or bind run.reset_data_iterator = "
-            "True to go on from these checkpoints with the new setting and the data stream restarted "
-            "from its beginning"
+            f"{c.was} ({where}): resume with {c.setting} = {c.was}, or {reset}"
         )
     for c in changed:
         log.info("this launch changes %s: %s -> %s (the checkpoints go on)", c.setting, c.was, c.now)

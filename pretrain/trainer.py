@@ -78,7 +78,8 @@ class RunSettings:
         gradient norm; k > 0 skips up to k such updates (each logged) before stopping.
       dropout_prng: the PRNG of the dropout masks, one of core.prng.DROPOUT_PRNGS:
         "threefry" (JAX's default; the fastest on CPUs) or "rbg" (t5x's and MaxText's
-        choice on TPUs). Changing it changes the masks, so not in the middle of a run.
+        choice on TPUs). Changing it changes the masks: a resume that does (which the launch
+        history records) no longer ends on the uninterrupted run's parameters.
       reset_data_iterator: when the latest checkpoint's data position was saved by another
         input pipeline (a changed PipelineConfig or pipeline code), restore the model and
         optimizer state and restart the data stream instead of stopping with an error.
@@ -254,9 +255,10 @@ class Trainer:
         (pretrain/launches.py): returns the changes carried out and whether the data stream
         restarts; raises ConfigError for a change a resume may not make."""
         self.view = launches.settings_view(self.settings, self.objective)
-        if not workdir_lib.finished_steps(self.workdir):
+        steps = workdir_lib.finished_steps(self.workdir)
+        if not steps:
             return [], False
-        before = launches.previous(self.workdir)
+        before = launches.previous(self.workdir, steps[-1])
         if before is None:
             log.info(
                 "%s has no launch history (an older version's workdir): it starts with this launch",

@@ -140,6 +140,14 @@ def test_the_heartbeat_timeout_names_the_dead_processes_and_another_status_is_na
         for chunk in chunks:
             out.append(text.feed(chunk, 0.0))
         assert b"".join(out) + text.close() == before + named, cut
+    named = HEARTBEAT_ABORT.replace(
+        b"heartbeats):\n1\nThe", b"heartbeats):\n/job:jax_worker/replica:0/task:1\nThe"
+    )
+    text = abort_line.AbortFilter(2, 100)
+    assert text.feed(named, 0.0) + text.close() == (
+        b"error: process 1 of 2 stopped sending heartbeats to JAX's coordination service for 100 s "
+        b"(killed, or its host is gone): restart every process with the same command to resume\n"
+    )
     several = HEARTBEAT_ABORT.replace(b"heartbeats):\n1\nThe", b"heartbeats):\n1\n3\nThe")
     text = abort_line.AbortFilter(4, 20)
     assert text.feed(several, 0.0) + text.close() == (

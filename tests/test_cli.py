@@ -276,8 +276,8 @@ def test_an_unclosed_bracket_in_a_gin_file_or_binding_is_one_line_naming_it(tmp_
     result = cli_run.run(summary.main, [f"--gin_file={gin_file}"], capsys)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.errors() == [
-        f"error: {gin_file}:2: the '(' of `adamw.learning_rate = (1e-3` is never closed: close it on that "
-        "line (a value that spans lines needs its closing bracket too)"
+        f"error: {gin_file}:2: the '(' of `adamw.learning_rate = (1e-3` is never closed: close it where "
+        "its value ends"
     ]
     binding = "adamw.learning_rate = [1e-3"
     result = cli_run.run(
@@ -287,6 +287,14 @@ def test_an_unclosed_bracket_in_a_gin_file_or_binding_is_one_line_naming_it(tmp_
     assert result.errors()[0].startswith(
         f"error: --gin_bindings '{binding}': the '[' of `{binding}` is never"
     )
+    quoted = 'run.init_from = """/tmp'
+    result = cli_run.run(
+        summary.main, ["--gin_file=configs/runs/demo.gin", f"--gin_bindings={quoted}"], capsys
+    )
+    assert result.errors() == [
+        f"error: --gin_bindings '{quoted}': the triple-quoted string of `{quoted}` is never closed: close "
+        "it where its value ends"
+    ]
 
 
 def test_a_model_file_whose_encoder_has_no_pooler_is_told_about_the_sentence_objective(capsys):
@@ -322,3 +330,14 @@ def test_no_tensorflow_lines_come_before_a_tools_error(tmp_path):
         text=True,
     )
     assert result.returncode == 2 and result.stderr == f"error: hf:{tmp_path}/nope: not a directory\n"
+
+
+def test_ctrl_c_in_a_tool_is_one_line_and_status_130(capsys):
+    """A KeyboardInterrupt a tool does not handle itself ends it with one line, no traceback."""
+
+    def work(args):
+        raise KeyboardInterrupt
+
+    main = cli.entry(lambda: cli.parser("A tool.", "tests.tool"), work)
+    result = cli_run.run(main, [], capsys)
+    assert result.returncode == 130 and result.stderr == "error: interrupted (Ctrl-C)\n"

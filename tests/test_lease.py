@@ -139,9 +139,79 @@ def test_a_run_whose_lease_was_taken_over_stops_and_leaves_the_other_runs(tmp_pa
     else:
         pytest.fail("the lost lease was not noticed")
     held.release()
-    assert "was taken over by another launch, pretraining (pid 4242 on tpu-vm-7, launch d4e5f6" in lost
+    assert (
+        "is no longer this run's: its lease is held by pretraining (pid 4242 on tpu-vm-7, launch d4e5f6"
+        in lost
+    )
     assert "stops without writing more" in lost
     assert lease.Holder.parse((tmp_path / lease.LEASE_FILE).read_bytes()) == usurper  # not deleted
+
+
+def test_a_run_paused_past_the_timeout_checks_before_it_writes(tmp_path):
+    """A holder whose renewals stopped (paused, cut off) does not wait for its thread: its
+    next check renews there and then, and finds the launch that took the workdir over."""
+    held = lease.acquire(str(tmp_path), "pretraining", timeout=2, renew_every=3600)
+    held.check()  # fresh: nothing to do
+    _write(tmp_path, dataclasses.replace(_elsewhere(), launch_id="d4e5f6"))
+    held._renewed -= 10  # as if paused for 10 s of a 2 s timeout
+    with pytest.raises(lease.LeaseLostError, match="its lease is held by pretraining \\(pid 4242"):
+        held.check()
+    held.release()
+    assert lease.Holder.parse((tmp_path / lease.LEASE_FILE).read_bytes()).launch_id == "d4e5f6"
+
+
+class _LostReplies(lease.LocalStore):
+    """A store whose writes land but whose next `lost` replies say they failed: what a
+    retried conditional write on gs:// reports when its first attempt had landed."""
+
+    def __init__(self, path, lost: int):
+        super().__init__(path)
+        self.lost = lost
+
+    def _reply(self, generation):
+        if generation is not None and self.lost:
+            self.lost -= 1
+            return None
+        return generation
+
+    def create(self, data):
+        return self._reply(super().create(data))
+
+    def replace(self, data, generation):
+        return self._reply(super().replace(data, generation))
+
+
+def test_a_write_whose_reply_was_lost_is_recognised_as_this_runs_own(tmp_path):
+    store = _LostReplies(str(tmp_path / lease.LEASE_FILE), lost=1)
+    record, _ = lease.take(str(tmp_path), "pretraining", store=store)  # not "in use by" itself
+    held = lease.Lease(str(tmp_path), store, record, store.read()[1])
+    store.lost = 1
+    held._renew()  # the renewal landed, its reply was lost: adopted, not taken for a takeover
+    held.check()
+    assert lease.Holder.parse((tmp_path / lease.LEASE_FILE).read_bytes()).launch_id == record.launch_id
+    held.release()
+    assert not (tmp_path / lease.LEASE_FILE).exists()
+
+
+def test_a_removed_lease_file_is_written_again(tmp_path, caplog):
+    held = lease.acquire(str(tmp_path), "pretraining", renew_every=3600)
+    os.remove(tmp_path / lease.LEASE_FILE)
+    with caplog.at_level(logging.WARNING, logger="core.lease"):
+        held._renew()
+    held.check()
+    assert "the lease file was removed; this run wrote it again" in caplog.text
+    assert (tmp_path / lease.LEASE_FILE).exists()
+    held.release()
+
+
+def test_the_refusal_says_how_to_stop_the_holder(tmp_path):
+    """SIGTERM stops pretraining with a checkpoint; the other tools just end."""
+    glue = dataclasses.replace(
+        _elsewhere(), tool="finetune.glue", machine=lease._this_machine(), pid=os.getpid()
+    )
+    message = str(lease._refusal("W", glue))
+    assert "stop it (kill " in message and "SIGTERM" not in message
+    assert "stop it (SIGTERM stops it with a checkpoint: kill " in str(lease._refusal("W", _elsewhere()))
 
 
 def test_renewal_rewrites_the_record(tmp_path):
