@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import gzip
 import hashlib
+import importlib.metadata
 import inspect
 import io
 import os
@@ -59,58 +60,19 @@ class CorpusError(UserError):
 
 # ----------------------------------------------------------------------------- sentences
 
-# Words that end in "." without ending a sentence (compared lowercased, final "." removed).
-# Initialisms ("U.S.", "e.g.", "i.e.") and single capital initials ("J.") are recognised
-# by _is_abbreviation instead, so they are not listed.
-_ABBREVIATIONS = frozenset(
-    {
-        "mr",
-        "mrs",
-        "ms",
-        "dr",
-        "prof",
-        "sr",
-        "jr",
-        "st",
-        "etc",
-        "vs",
-        "cf",
-        "al",
-        "fig",
-        "approx",
-    }
-)
-_INITIALISM = re.compile(r"(?:[^\W\d_]\.){2,}")
-# A candidate boundary: terminators, optional closing quotes/brackets, then whitespace.
-_BOUNDARY = re.compile(r"([.!?]+)[\"'\u201d\u2019)\]]*\s+")
-_OPENING_QUOTES = "\"'\u201c\u2018"
+# The sentence splitter of raw documents (TFDS datasets, JSONL and Parquet records, the demo
+# corpus), as preprocessing's fingerprint records it: shards split by another never mix.
+# sentencex (Wikimedia) won the comparison in docs/pretraining.md ("Sentence boundaries",
+# `python -m bench.sentence_splitters`): most cases right and the fastest.
+SPLITTER = f"sentencex {importlib.metadata.version('sentencex')}"
 _WHITESPACE = re.compile(r"\s+")
 
 
-def _is_abbreviation(text: str, period: int) -> bool:
-    """Whether the "." at `text[period]` ends an abbreviation rather than a sentence."""
-    start = period
-    while start > 0 and not text[start - 1].isspace():
-        start -= 1
-    word = text[start : period + 1].lstrip("\"'\u201c\u2018([")
-    return (
-        word[:-1].lower() in _ABBREVIATIONS
-        or _INITIALISM.fullmatch(word) is not None
-        or (len(word) == 2 and word[0].isupper())
-    )
-
-
-def split_sentences(text: str) -> list[str]:
-    """Splits prose into sentences with a small rule set (no model, no download).
-
-    A sentence ends after ".", "!" or "?" (a run of them, e.g. "?!" or "..."), optionally
-    followed by closing quotes or brackets, when whitespace follows and the next text
-    starts with an uppercase letter, a digit or an opening quote (after any opening
-    brackets: "(It was late.)" is a sentence). A "." does not end a
-    sentence after a common abbreviation ("Mr.", "Mrs.", "Dr.", "etc.", "vs.", ...), an
-    initialism ("e.g.", "i.e.", "U.S.") or a single initial ("J."), so "in the U.S. The"
-    stays one sentence (the price of never splitting names). "3.14" never splits because
-    no whitespace follows its ".".
+def split_sentences(text: str, language: str = "en") -> list[str]:
+    """Splits prose into sentences with sentencex (no model, no download): rules and
+    abbreviation lists per language (`language`: an ISO 639 code, "en", "zh", "ja", "de",
+    ...; an unknown one falls back to its generic rules, which know the CJK sentence ends
+    "。！？").
 
     Args:
       text: a paragraph (internal newlines are treated as spaces).
@@ -118,21 +80,29 @@ def split_sentences(text: str) -> list[str]:
     Returns:
       The sentences, stripped, whitespace runs collapsed to one space, empty ones dropped.
     """
+    import sentencex  # imported on first use: the tools that read no raw text never need it
+
     text = _WHITESPACE.sub(" ", text).strip()
-    sentences = []
-    start = 0
-    for match in _BOUNDARY.finditer(text):
-        following = text[match.end() : match.end() + 1]
-        if following in "([":  # "(It was late.)" starts a sentence, "(see below)" does not
-            following = text[match.end() :].lstrip("([")[:1]
-        if not (following.isupper() or following.isdigit() or (following and following in _OPENING_QUOTES)):
-            continue
-        if match.group(1) == "." and _is_abbreviation(text, match.start()):
-            continue
-        sentences.append(text[start : match.end()].strip())
-        start = match.end()
-    sentences.append(text[start:].strip())
-    return [s for s in sentences if s]
+    return [s.strip() for s in sentencex.segment(language, text) if s.strip()]
+
+
+def splitter_of(spec: str, sentences: str = "split", language: str = "en") -> str | None:
+    """The splitter (and language) that cuts a corpus's documents into sentences, for
+    preprocessing's fingerprint; None when its files already hold one sentence per line
+    (BERT-format text, or records read with sentences="lines")."""
+    from data import record_corpora
+
+    if spec == "demo":
+        return f"{SPLITTER} en"
+    if spec.startswith("tfds:"):
+        return f"{SPLITTER} {language}"
+    if sentences != "split":
+        return None
+    for pattern in (p.strip() for p in spec.split(",") if p.strip()):
+        for path in tf.io.gfile.glob(pattern):
+            if record_corpora.is_record_file(path) or tf.io.gfile.isdir(path):
+                return f"{SPLITTER} {language}"
+    return None
 
 
 # ----------------------------------------------------------------------------- held-out split
@@ -161,6 +131,7 @@ def iter_documents(
     text_field: str = "text",
     id_field: str | None = None,
     sentences: str = "split",
+    language: str = "en",
 ) -> Iterator[Document]:
     """Yields the documents of a corpus, streaming (memory does not grow with its size).
 
@@ -178,6 +149,8 @@ def iter_documents(
       text_field, id_field, sentences: JSONL and Parquet only: the field with the text, the
         one that names a record in messages, and "split" (into sentences) or "lines" (one
         sentence per line of the text).
+      language: the language of the raw documents that are split into sentences (TFDS,
+        JSONL and Parquet with sentences="split"; `split_sentences`).
 
     Raises:
       CorpusError: the corpus is missing, malformed, or has no documents.
@@ -189,11 +162,11 @@ def iter_documents(
     if spec == "demo":
         documents = iter(demo_documents())
     elif spec.startswith("tfds:"):
-        documents = _tfds_documents(spec[len("tfds:") :], tfds_data_dir, tfds_text_key)
+        documents = _tfds_documents(spec[len("tfds:") :], tfds_data_dir, tfds_text_key, language)
     else:
         from data import record_corpora  # which reads data/corpora.py's splitter and errors
 
-        fields = record_corpora.RecordFields(text_field, id_field, sentences)
+        fields = record_corpora.RecordFields(text_field, id_field, sentences, language)
         documents = _file_documents(spec, max_line_chars, fields)
     count = 0
     for doc in documents:
@@ -348,7 +321,9 @@ def _long_line_message(where: str, length: int, limit: int) -> str:
     )
 
 
-def _tfds_documents(name_and_split: str, data_dir: str | None, text_key: str) -> Iterator[Document]:
+def _tfds_documents(
+    name_and_split: str, data_dir: str | None, text_key: str, language: str
+) -> Iterator[Document]:
     """Documents of a prepared TFDS dataset: each example's text is one document, split into
     paragraphs on newlines and each paragraph into sentences."""
     # Imported here: tensorflow_datasets is slow to import and only this source needs it.
@@ -391,7 +366,7 @@ def _tfds_documents(name_and_split: str, data_dir: str | None, text_key: str) ->
                 f"{where}: feature '{text_key}' is not valid UTF-8 (byte offset "
                 f"{e.start}): the dataset must hold UTF-8 text"
             ) from None
-        sentences = [s for paragraph in text.split("\n") for s in split_sentences(paragraph)]
+        sentences = [s for paragraph in text.split("\n") for s in split_sentences(paragraph, language)]
         if sentences:
             yield Document(tuple(sentences), where)
 

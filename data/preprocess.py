@@ -600,6 +600,11 @@ def preprocess(
         # Only when set: shards written before deduplication existed stay up to date.
         **({"keep_duplicates": "True"} if keep_duplicates else {}),
     )
+    splitter = corpora.splitter_of(
+        corpus, corpus_kwargs.get("sentences", "split"), corpus_kwargs.get("language", "en")
+    )
+    if splitter is not None:  # shards of another splitter (or version) are never taken as these
+        options["splitter"] = splitter
     fingerprint = _fingerprint(corpus, tokenizer.identity(), options)
     existing = _existing_output(output, fingerprint, overwrite, log)
     if existing is not None:

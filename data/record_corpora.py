@@ -48,6 +48,7 @@ class RecordFields:
     text: str = "text"
     id: str | None = None
     sentences: str = "split"
+    language: str = "en"  # of the text that is split into sentences
 
 
 def is_record_file(path: str) -> bool:
@@ -67,7 +68,7 @@ def documents(path: str, fields: RecordFields) -> Iterator[Document]:
         if fields.sentences == "lines":
             sentences = tuple(line for line in lines if line)
         else:
-            sentences = tuple(s for line in lines if line for s in split_sentences(line))
+            sentences = tuple(s for line in lines if line for s in split_sentences(line, fields.language))
         if sentences:
             yield Document(sentences, where)
 
@@ -156,7 +157,7 @@ def _parquet_records(path: str, fields: RecordFields) -> Iterator[tuple[str, obj
 
 
 def add_flags(parser) -> None:
-    """--text_field, --id_field and --sentences, for the tools that read a corpus."""
+    """--text_field, --id_field, --sentences and --language, for the tools that read a corpus."""
     parser.add_argument(
         "--text_field", default="text", help="JSONL / Parquet corpora: the field or column with the text"
     )
@@ -169,11 +170,22 @@ def add_flags(parser) -> None:
         default="split",
         help="JSONL / Parquet corpora: 'split' the text into sentences, or take each of its 'lines' as one",
     )
+    parser.add_argument(
+        "--language",
+        default="en",
+        help="language of raw documents split into sentences (TFDS, JSONL, Parquet): an ISO 639 code such "
+        "as en, zh, ja, de (sentencex's rules)",
+    )
 
 
 def corpus_kwargs(args) -> dict:
     """`iter_documents` keywords of the flags `add_flags` added, those not at their defaults
     only (so that the fingerprint of shards of text files stays what it was)."""
-    given = {"text_field": args.text_field, "id_field": args.id_field, "sentences": args.sentences}
-    defaults = {"text_field": "text", "id_field": None, "sentences": "split"}
+    given = {
+        "text_field": args.text_field,
+        "id_field": args.id_field,
+        "sentences": args.sentences,
+        "language": args.language,
+    }
+    defaults = {"text_field": "text", "id_field": None, "sentences": "split", "language": "en"}
     return {k: v for k, v in given.items() if v != defaults[k]}
