@@ -384,7 +384,8 @@ def test_pretraining_on_a_local_pod_through_preemption_and_the_coordinators_deat
     assert json.loads((workdir / "summary.json").read_text())["step"] == 11
 
 
-@pytest.mark.slow
+@pytest.mark.slow(30)
+@pytest.mark.extended
 def test_a_process_killed_outside_a_collective_is_named_after_the_heartbeat_timeout(tmp_path):
     """Process 2 of 3 killed while no process is in a collective (no socket error tells the
     others): JAX's heartbeat timeout, --peer_timeout=3, ends them, and each one's line names

@@ -598,7 +598,10 @@ def test_ctrl_c_in_preprocessing_is_one_line_and_keeps_nothing(tmp_path, tokeniz
     assert os.listdir(out) == []
 
 
-def test_exact_duplicate_documents_are_dropped_and_counted_unless_kept(tmp_path, tokenizer_dir):
+@pytest.mark.slow
+@pytest.mark.parametrize("num_workers", [1, 2])
+@pytest.mark.extended(keep=["1"])
+def test_exact_duplicate_documents_are_dropped_and_counted_unless_kept(tmp_path, tokenizer_dir, num_workers):
     """Copies of a document anywhere in the corpus: the first is kept, the others dropped,
     and every count of the manifest (documents, sentences, tokens, per-shard, unigrams) is
     that of the corpus without them; --keep_duplicates keeps them all."""
@@ -613,7 +616,7 @@ def test_exact_duplicate_documents_are_dropped_and_counted_unless_kept(tmp_path,
         log=lambda *_: None,
     )
     unique = run(str(tmp_path / "unique.txt"), output=str(tmp_path / "u"), num_workers=1)
-    deduped = run(str(tmp_path / "copies.txt"), output=str(tmp_path / "d"), num_workers=2)
+    deduped = run(str(tmp_path / "copies.txt"), output=str(tmp_path / "d"), num_workers=num_workers)
     kept = run(str(tmp_path / "copies.txt"), output=str(tmp_path / "k"), num_workers=1, keep_duplicates=True)
     assert (
         deduped.fields["dropped_duplicate_documents"] == 4 and kept.fields["dropped_duplicate_documents"] == 0
