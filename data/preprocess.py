@@ -375,15 +375,21 @@ class _Workers:
             initializer=_init_worker,
             initargs=(tokenizer_path,),
         )
-        # Ctrl-C reaches every process of the terminal's group: the workers (which inherit an
-        # ignored SIGINT through exec) leave it to this process, which stops them and says so
-        # in one line, instead of a traceback from each of them.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Ctrl-C reaches every process of the terminal's group: the workers (which inherit a
+        # blocked SIGINT through exec, and keep it blocked) leave it to this process, which
+        # stops them and says so in one line, instead of a traceback from each of them. Here
+        # it is blocked, not ignored, until they have started (a worker stopped half-way
+        # through its start prints a traceback of its own): one that comes meanwhile is
+        # delivered then.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
         try:
-            for _ in range(num_workers):  # each starts a worker while none is idle
-                self._pool.submit(int)
+            started = [self._pool.submit(int) for _ in range(num_workers)]  # each starts a worker
+            for future in started:
+                future.result()
+        except BrokenProcessPool:
+            raise self._died("starting (loading the tokenizer)") from None
         finally:
-            signal.signal(signal.SIGINT, previous)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def __enter__(self) -> _Workers:
         return self

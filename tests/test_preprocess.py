@@ -294,11 +294,11 @@ STEP = os.environ["KILLED_STEP"]
 _step = getattr(preprocess, STEP)
 
 
-def _killed_on_the_first(work):
+def _killed_on_the_first(work, *rest):
     first = work[0][0] == 0 if STEP == "_tokenize_batch" else work.endswith("train-00000-of-00008.tfrecord")
     if first:
         os.kill(os.getpid(), signal.SIGKILL)
-    return _step(work)
+    return _step(work, *rest)
 
 
 setattr(preprocess, STEP, _killed_on_the_first)
