@@ -269,6 +269,35 @@ def pretraining_pod(tmp_path_factory):
     return pod, pod.finished("a", "a")
 
 
+@pytest.mark.slow(40)
+@pytest.mark.extended
+def test_a_pod_launched_on_a_live_runs_workdir_is_refused_on_every_process(pretraining_pod):
+    """Another live run holds the workdir (here a process holding its lease): process 0 is
+    refused and every process of the pod prints the same line, learnt from process 0 through
+    JAX's coordination service; nothing is trained or written."""
+    pod, _ = pretraining_pod
+    workdir = pod.root / "held"
+    code = (
+        "import time; from core import lease; "
+        f"lease.acquire({str(workdir)!r}, 'pretraining'); print('held', flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pod.start("held", "held") as refused:
+            results = refused.wait(timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    errors = [[line for line in r.output().splitlines() if line.startswith("error:")] for r in results]
+    assert [r.returncode for r in results] == [2, 2], [r.output()[-3000:] for r in results]
+    assert errors[0] == errors[1] and len(errors[0]) == 1, errors
+    assert errors[0][0].startswith(
+        f"error: workdir '{workdir}' is in use by pretraining (pid {holder.pid} on "
+    )
+    assert sorted(p.name for p in workdir.iterdir()) == [".lease.lock", "lease.json"]
+
+
 @pytest.mark.slow(90)
 @pytest.mark.extended
 def test_pretraining_on_a_local_pod_resumes_after_a_host_is_killed(pretraining_pod):
