@@ -103,9 +103,12 @@ def attention_mask(input_mask: jax.Array, example_ids: jax.Array | None = None) 
 
 
 def platform() -> str:
-    """This process's accelerator as the kernels see it: "tpu", "cuda" (an NVIDIA GPU of compute
-    capability 8.0 or more: cuDNN's flash attention), "gpu" (any other GPU) or "cpu"."""
-    device = jax.devices()[0]
+    """The target's accelerator as the kernels see it: "tpu", "cuda" (an NVIDIA GPU of compute
+    capability 8.0 or more: cuDNN's flash attention), "gpu" (any other GPU) or "cpu".
+
+    The target is the mesh the step is being built for (core/sharding.py `target_device`):
+    a TPU slice compiled for ahead of time on a CPU gets the TPU's kernels."""
+    device = sharding.target_device()
     if device.platform != "gpu":
         return device.platform
     capability = float(getattr(device, "compute_capability", 0) or 0)
