@@ -127,8 +127,11 @@ def prepare_process(slice_: Slice) -> None:
     starts its backends. JAX runs on the CPU (with libtpu installed, it would otherwise look
     for a TPU here and warn), and libtpu, which looks for a TPU VM's metadata when it loads
     and warns on stderr when it finds none, is told what to assume; a TPU VM's own settings
-    win."""
+    win. libtpu also lets one process at a time load it (a lock file in /tmp), for the chips'
+    sake: a process that only compiles holds no chip, so several may (tests, the table's
+    rows, a check while another runs)."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", slice_.accelerator_type)

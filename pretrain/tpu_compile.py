@@ -58,14 +58,15 @@ def build_parser():
     return parser
 
 
-def add_slice_flag(parser, flag: str, required: bool = False) -> None:
+def add_slice_flag(parser, flag: str, *, required: bool = False, purpose: str = "") -> None:
     """The slice flag (`--topology` here, `pretrain.train --compile_for`)."""
     parser.add_argument(
         flag,
         required=required,
         default=None,
         metavar="SLICE",
-        help="a TPU slice: accelerator type (v5p-64, v5litepod-16, v6e-16, v4-32) or topology (v5p:2x4x4)",
+        help=f"{purpose}a TPU slice: accelerator type (v5p-64, v5litepod-16, v6e-16, v4-32) or topology "
+        "(v5p:2x4x4)",
     )
 
 
@@ -85,6 +86,7 @@ class Result:
     compile_seconds: float
     model_flops: float  # per step, all devices (core/flops.py's count)
     program: Any  # core.compiled_program.Program
+    compiled: Any = dataclasses.field(repr=False, default=None)  # the jax.stages.Compiled it was read from
 
     @property
     def fits(self) -> bool:
@@ -254,6 +256,7 @@ def check(
                 compile_seconds=time.perf_counter() - lowered_at,
                 model_flops=objective.flops_per_row(length, predictions) * batch,
                 program=compiled_program.analyse(compiled),
+                compiled=compiled,
             )
         )
     return results
@@ -313,13 +316,19 @@ def check_and_report(
     return results
 
 
-def _run(args) -> None:
-    tpu_slices.prepare_process(tpu_slices.parse(args.topology))
+def compile_check(slice_name: str, args, *, batch_size: int | None = None, microbatches: int | None = None):
+    """The whole check in a fresh process, from a tool's gin and mesh flags (this tool's,
+    `pretrain.train --compile_for`'s): the process compiles, and runs nothing."""
+    tpu_slices.prepare_process(tpu_slices.parse(slice_name))  # before JAX starts its backends
     from pretrain import trainer  # noqa: F401  (registers what model and recipe files bind)
 
     cli.setup_logging()
     cli.parse_gin(cli.gin_files(args), args.gin_bindings)
-    check_and_report(args.topology, args.mesh, batch_size=args.batch_size, microbatches=args.microbatches)
+    return check_and_report(slice_name, args.mesh, batch_size=batch_size, microbatches=microbatches)
+
+
+def _run(args) -> None:
+    compile_check(args.topology, args, batch_size=args.batch_size, microbatches=args.microbatches)
 
 
 main = cli.entry(build_parser, _run)
