@@ -9,7 +9,9 @@ for on a CPU: core/tpu_slices.py).
 The estimate is XLA's cost model, not a measurement, and it has blind spots, which the
 report counts rather than hides:
 - a loop's body is priced once, whatever its trip count (the microbatches' `lax.scan`,
-  scanned layers), so with loops the estimate is a lower bound;
+  scanned layers, and the loops XLA's TPU compiler makes of a sharded matmul whose result is
+  reduce-scattered, its "windowed" collective matmuls, as under fsdp), so with loops the
+  estimate is a lower bound;
 - a Pallas kernel is priced only by the cost estimate its author gives `pallas_call`
   (`pl.CostEstimate`), and at 0 without one;
 - on TPU, libtpu prices its `ConcatBitcast` custom call (a view joining asynchronously
@@ -94,6 +96,8 @@ class Estimate:
       kernels: Pallas kernels (Mosaic or Triton custom calls) in the program.
       kernels_without_cost: of them, those with no cost estimate of their own (priced 0).
       loops: while loops in the program (each body priced once).
+      windowed_loops: of them, XLA's windowed matmuls (a matmul and its collective split
+        into steps over the shards).
     """
 
     raw_seconds: float | None
@@ -104,6 +108,7 @@ class Estimate:
     kernels: int
     kernels_without_cost: int
     loops: int
+    windowed_loops: int = 0
 
     def blind_spots(self) -> list[str]:
         """What the estimate does not see in this program, in words (empty: nothing)."""
@@ -114,8 +119,12 @@ class Estimate:
                 "(priced 0)"
             )
         if self.loops:
+            windowed = (
+                f" ({self.windowed_loops} of them XLA's windowed matmuls)" if self.windowed_loops else ""
+            )
             spots.append(
-                f"{self.loops} loops: each body priced once, whatever its trip count (a lower bound)"
+                f"{self.loops} loops{windowed}: each body priced once, whatever its trip count "
+                "(a lower bound)"
             )
         if self.raw_seconds is not None and self.seconds is None:
             spots.append(f"optimal_seconds {self.raw_seconds:.4g} stays negative: an op it cannot price")
@@ -194,4 +203,5 @@ def estimate(compiled: Any, hlo_text: str) -> Estimate:
         kernels=len(kernel_lines),
         kernels_without_cost=sum("cost_estimate" not in line for line in kernel_lines),
         loops=len(re.findall(r"\bwhile\(", hlo_text)),
+        windowed_loops=len(re.findall(r"\bwhile\(.*body=%[\w.]*windowed_dot_general", hlo_text)),
     )
