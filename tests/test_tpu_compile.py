@@ -128,6 +128,50 @@ def test_collectives_are_read_from_the_programs_text_by_kind():
     }
 
 
+class _Compiled:
+    """What `compiled_program.estimate` reads of a jax.stages.Compiled."""
+
+    def __init__(self, analysis):
+        self.analysis = analysis
+
+    def cost_analysis(self):
+        return self.analysis
+
+
+UNPRICED = """
+  %c.1 = f32[8,64]{0,1} custom-call(%s.1, %s.2), custom_call_target="ConcatBitcast"
+  %c.2 = f32[8,64]{0,1} custom-call(%s.3, %s.4), custom_call_target="ConcatBitcast"
+  %k.1 = bf16[2,4] custom-call(%q), custom_call_target="tpu_custom_call", backend_config={"cost_estimate": 1}
+  %k.2 = bf16[2,4]{1,0} custom-call(%q), custom_call_target="tpu_custom_call", backend_config={}
+  %w.1 = (s32[], f32[8]) while(%t), condition=%cond, body=%wide.windowed_dot_general_body_rs.clone
+  %w.2 = (s32[], f32[8]) while(%t.2), condition=%cond.2, body=%scan_body
+"""
+
+
+def test_the_estimate_is_the_programs_own_with_its_sentinels_added_back_and_its_blind_spots_named():
+    estimate = compiled_program.estimate(_Compiled({"optimal_seconds": -1.75, "flops": 3e9}), UNPRICED)
+    assert (estimate.raw_seconds, estimate.seconds, estimate.unpriced_calls, estimate.flops) == (
+        -1.75,
+        0.25,
+        2,
+        3e9,
+    )
+    assert (estimate.kernels, estimate.kernels_without_cost, estimate.loops, estimate.windowed_loops) == (
+        2,
+        1,
+        2,
+        1,
+    )
+    assert estimate.blind_spots() == [
+        "1 of 2 Pallas kernels have no cost estimate (priced 0)",
+        "2 loops (1 of them XLA's windowed matmuls): each body priced once, whatever its trip count "
+        "(a lower bound)",
+    ]
+    # An op it cannot price beyond the known sentinels: no estimate rather than a wrong one.
+    still_negative = compiled_program.estimate(_Compiled({"optimal_seconds": -3.5}), UNPRICED)
+    assert still_negative.seconds is None and "stays negative" in still_negative.blind_spots()[-1]
+
+
 @pytest.fixture(autouse=True)
 def _libtpu_environment(monkeypatch):
     """The variables `tpu_slices.prepare_process` sets, restored after each test."""
