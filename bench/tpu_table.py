@@ -12,7 +12,9 @@ min(the recipe's batch, rows_per_device x devices) rows per step (the recipe's b
 `k` such steps, as run.microbatches would run them). The estimate columns are XLA's cost
 model read from each compiled step (an estimate, not a measurement); for each member,
 slice and attention path, the mesh with the lowest estimate among those that fit is
-marked "favoured". Every row's JSON line goes to --out; the markdown table is printed last.
+marked "favoured" (a row whose program has loops has a lower bound for an estimate, ">=",
+and is not ranked). Every row's JSON line goes to --out; the markdown table is printed
+last (`--from_rows=FILE` prints it again from such a file).
 About 1-4 minutes of compilation per row on 2 CPU cores.
 """
 
@@ -22,6 +24,8 @@ import json
 import os
 import subprocess
 import sys
+
+import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from bench.suite_members import MEMBERS
 from core import cli
@@ -47,6 +51,9 @@ def build_parser():
     parser.add_argument("--dtype", default="bfloat16", help="EncoderConfig.dtype")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per row")
     parser.add_argument("--out", default=None, help="append every row's JSON line to this file")
+    parser.add_argument(
+        "--from_rows", default=None, help="print the table of a file of rows (--out's); compile nothing"
+    )
     return parser
 
 
@@ -111,45 +118,58 @@ def _collectives(row: dict) -> str:
     return ", ".join(parts)
 
 
-def table(rows: list[dict]) -> str:
-    """The markdown table; the favoured mesh of each member, slice and path marked."""
-    best: dict[tuple, tuple[float, str]] = {}
-    for r in rows:
+def _lower_bound(row: dict) -> bool:
+    """The row's estimate prices a loop body once (a lower bound: core/compiled_program.py)."""
+    return any("loops" in spot for spot in row["xla_estimate"]["blind_spots"])
+
+
+def _favoured(rows: list[dict]) -> set[int]:
+    """Indices of the rows whose mesh the estimate favours: for each member, slice and path
+    compiled on several meshes, the lowest complete estimate among those that fit."""
+    best: dict[tuple, tuple[float, int]] = {}
+    meshes: dict[tuple, set[str]] = {}
+    for i, r in enumerate(rows):
+        key = (r["member"], r["slice"], r["flash"])
+        meshes.setdefault(key, set()).add(r["mesh_spec"])
         seconds = (r.get("xla_estimate") or {}).get("seconds")
-        if "error" not in r and seconds:
-            key = (r["member"], r["slice"], r["flash"])
-            best[key] = min(best.get(key, (float("inf"), "")), (seconds, r["mesh"]))
+        if "error" not in r and seconds and not _lower_bound(r):
+            best[key] = min(best.get(key, (float("inf"), -1)), (seconds, i))
+    return {i for key, (_, i) in best.items() if len(meshes[key]) > 1}
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of the rows' JSON lines."""
+    favoured = _favoured(rows)
     out = [
-        "| member | slice | mesh | rows per step (recipe) | attention | fits | HBM per chip GiB | "
-        "estimated ms per step | estimated MFU | collectives (count / GiB per chip) | compile s |",
+        "| member | slice | mesh | rows per step (recipe's) | attention | fits | "
+        "HBM per chip, GiB (of usable) | estimated ms per step | estimated MFU | "
+        "collectives (count / GiB per chip) | compile s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        mesh = r["mesh"] + (
-            " (favoured)"
-            if best.get((r["member"], r["slice"], r["flash"]), (0, ""))[1] == r["mesh"]
-            and len({x["mesh"] for x in rows}) > 1
-            else ""
-        )
-        head = f"| {r['member']} | {r['slice']} | {mesh} | "
+    for i, r in enumerate(rows):
+        head = f"| {r['member']} | {r['slice']} | {r['mesh_spec']}{' (favoured)' if i in favoured else ''} | "
         if "hbm_bytes_per_device" not in r:
-            out.append(
-                head + f"{r['recipe_batch']} | {'flash' if r['flash'] else ''} | no | {r['error']} | | | | |"
-            )
+            attention = "flash" if r["flash"] else ""
+            out.append(head + f"({r['recipe_batch']}) | {attention} | no | {r['error']} | | | | |")
             continue
         estimate = r["xla_estimate"]
-        ms = f"{1e3 * estimate['seconds']:.1f}" if estimate["seconds"] else "none"
-        mfu = f"{100 * estimate['mfu']:.1f}%" if estimate["mfu"] else ""
+        bound = ">= " if _lower_bound(r) else ""
+        ms = f"{bound}{1e3 * estimate['seconds']:.1f}" if estimate["seconds"] else "none"
+        mfu = f"{'<= ' if bound else ''}{100 * estimate['mfu']:.1f}%" if estimate["mfu"] else ""
+        memory = f"{r['hbm_bytes_per_device'] / 2**30:.2f} ({r['usable_hbm_bytes'] / 2**30:.2f})"
         out.append(
             head
             + f"{r['batch']} ({r['recipe_batch']}) | {r['attention']} | {'yes' if r['fits'] else 'no'} | "
-            f"{r['hbm_bytes_per_device'] / 2**30:.2f} / {r['usable_hbm_bytes'] / 2**30:.2f} | {ms} | {mfu} | "
-            f"{_collectives(r)} | {r['compile_seconds']:.0f} |"
+            f"{memory} | {ms} | {mfu} | {_collectives(r)} | {r['compile_seconds']:.0f} |"
         )
     return "\n".join(out)
 
 
 def _run(args) -> None:
+    if args.from_rows:
+        with open(args.from_rows) as f:
+            print(table([json.loads(line) for line in f if line.strip()]))
+        return
     members = [m for m in TABLE_MEMBERS if not args.only or m.name in args.only.split(",")]
     rows = []
     for member in members:
