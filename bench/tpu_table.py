@@ -2,12 +2,14 @@ r"""The family's train steps compiled for a slice of each TPU generation, on thi
 table of docs/performance.md ("On TPU slices, compiled here").
 
     python -m bench.tpu_table [--slices=v4-32,v5litepod-16,v5p-64,v6e-16] [--only=bert_base_128,...] \
-        [--meshes=data:-1,fsdp:-1] [--flash] [--rows_per_device=16] [--dtype=bfloat16] [--out=rows.jsonl]
+        [--meshes=data:-1,fsdp:-1] [--flash=all|NAME,...] [--rows_per_device=16] [--dtype=bfloat16] \
+        [--out=rows.jsonl]
 
 Each row is `python -m pretrain.tpu_compile` in a child process of its own (a libtpu crash
 is that row's error, not the table's): a member of bench/suite_members.py (its model and
 recipe gin files, at its length) on one slice, one mesh, with the recipe's attention or
-with 'flash' (`--flash` adds those rows for the members that take it), at
+with 'flash' (`--flash` adds those rows, on the first mesh, for the members named that take
+it), at
 min(the recipe's batch, rows_per_device x devices) rows per step (the recipe's batch is
 `k` such steps, as run.microbatches would run them). The estimate columns are XLA's cost
 model read from each compiled step (an estimate, not a measurement); for each member,
@@ -43,7 +45,7 @@ def build_parser():
     parser.add_argument("--only", default="", help="comma-separated member names (default: all)")
     parser.add_argument("--meshes", default="fsdp:-1", help="comma-separated meshes, each compiled")
     parser.add_argument(
-        "--flash", action="store_true", help="also each member with attention_implementation 'flash'"
+        "--flash", default="", help="'all' or member names: also with attention_implementation 'flash'"
     )
     parser.add_argument(
         "--rows_per_device", type=cli.positive_int, default=16, help="rows per device per step, at most"
@@ -173,16 +175,19 @@ def _run(args) -> None:
     members = [m for m in TABLE_MEMBERS if not args.only or m.name in args.only.split(",")]
     rows = []
     for member in members:
-        flash_options = [False] + ([True] if args.flash and not member.name.startswith(OWN_ATTENTION) else [])
+        meshes = args.meshes.split(",")
+        runs = [(mesh, False) for mesh in meshes]
+        named = args.flash == "all" or member.name in args.flash.split(",")
+        if named and not member.name.startswith(OWN_ATTENTION):
+            runs.append((meshes[0], True))
         for slice_name in args.slices.split(","):
-            for flash in flash_options:
-                for mesh in args.meshes.split(","):
-                    row = _row(member, slice_name, mesh, flash, args)
-                    print(json.dumps(row), flush=True)
-                    if args.out:
-                        with open(args.out, "a") as f:
-                            f.write(json.dumps(row) + "\n")
-                    rows.append(row)
+            for mesh, flash in runs:
+                row = _row(member, slice_name, mesh, flash, args)
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                rows.append(row)
     print(table(rows))
 
 

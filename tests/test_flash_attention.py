@@ -324,3 +324,29 @@ def test_trains_as_the_explicit_path_on_every_layout():
             jax.device_get(other.params),
             jax.device_get(state.params),
         )
+
+
+def test_block_sizes_are_reachable_from_the_config_and_survive_the_workdir(tmp_path):
+    """`EncoderConfig.flash_block_sizes = @BlockSizes()` in gin; model_config.json keeps it."""
+    import gin
+
+    from core import workdir
+    from models.encoder import EncoderConfig
+
+    gin.clear_config()
+    try:
+        gin.parse_config(
+            [
+                "EncoderConfig.flash_block_sizes = @BlockSizes()",
+                "BlockSizes.block_q = 128",
+                "BlockSizes.wide_keys = False",
+            ]
+        )
+        config = EncoderConfig()
+    finally:
+        gin.clear_config()
+    assert config.flash_block_sizes == BLOCKS(block_q=128, wide_keys=False)
+    workdir.write_config(str(tmp_path), config)
+    assert workdir.read_config(str(tmp_path), EncoderConfig) == config
+    with pytest.raises(ConfigError, match="BlockSizes.block_q_backward must be a positive multiple of 8"):
+        EncoderConfig(flash_block_sizes={"block_q_backward": 100})
