@@ -221,7 +221,8 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
     """A lane-replicated [rows, 128] array as [rows, width]."""
     if width <= _LANES:
         return x[:, :width]
-    return jnp.tile(x, (1, width // _LANES))
+    tiled = jnp.tile(x, (1, -(-width // _LANES)))
+    return tiled if tiled.shape[1] == width else tiled[:, :width]
 
 
 def _cost(flops_per_score: int, q: jax.Array, keys: int, *arrays) -> pl.CostEstimate:

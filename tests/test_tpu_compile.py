@@ -349,3 +349,37 @@ def _flash_step(partitioner, batch, length, width, rate, tiles):
 
     with partitioner:
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape, ids, ids).compile()
+
+
+def _row(mesh: str, seconds: float, loops: bool = False, fits: bool = True) -> dict:
+    spots = ["6 loops: each body priced once, whatever its trip count (a lower bound)"] if loops else []
+    return {
+        "member": "bert_base_128",
+        "slice": "v5litepod-16",
+        "mesh_spec": mesh,
+        "flash": False,
+        "recipe_batch": 256,
+        "batch": 256,
+        "attention": "explicit",
+        "fits": fits,
+        "hbm_bytes_per_device": 3 * 2**30,
+        "usable_hbm_bytes": int(15.75 * 2**30),
+        "xla_estimate": {"seconds": seconds, "mfu": 0.1, "blind_spots": spots},
+        "collectives": {"all-reduce": {"count": 6, "bytes": 2**29}},
+        "compile_seconds": 100.0,
+        **({} if fits else {"error": "does not fit"}),
+    }
+
+
+def test_the_table_favours_the_lowest_complete_estimate_and_marks_lower_bounds():
+    from bench import tpu_table
+
+    rows = [
+        _row("data:-1", 0.035),
+        _row("fsdp:-1", 0.030, loops=True),
+        _row("data:4,fsdp:4", 0.020, fits=False),
+    ]
+    lines = tpu_table.table(rows).splitlines()[2:]
+    assert "| data:-1 (favoured) |" in lines[0] and "| 35.0 | 10.0% |" in lines[0]
+    assert "(favoured)" not in lines[1] and "| >= 30.0 | <= 10.0% |" in lines[1]
+    assert "(favoured)" not in lines[2] and "AR 6 / 0.50" in lines[0]
