@@ -110,9 +110,9 @@ class Result:
             else f"does NOT fit by {_gib(memory.total - usable)}"
         )
         lines = [
-            f"{self.slice}, {self.hosts} hosts; mesh {_mesh(self.mesh)}; batch {self.batch} x "
-            f"{self.seq_len} ({self.predictions} predictions per row, {self.microbatches} microbatches); "
-            f"attention {self.attention}",
+            f"{self.slice}, {_count(self.hosts, 'host')}; mesh {_mesh(self.mesh)}; batch {self.batch} x "
+            f"{self.seq_len} ({self.predictions} predictions per row, "
+            f"{_count(self.microbatches, 'microbatch')}); attention {self.attention}",
             f"HBM per device: {_gib(memory.total)} of the {_gib(usable)} the compiler allows "
             f"(TPU {chip.generation}: {_gib(chip.hbm_bytes)}): {verdict}",
             f"  arguments {_gib(memory.arguments)}, outputs {_gib(memory.outputs)} "
@@ -174,6 +174,10 @@ class Result:
 
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
 
 
 def _mesh(mesh: dict[str, int]) -> str:
