@@ -90,7 +90,7 @@ def _row(member, slice_name: str, mesh: str, flash: bool, args) -> dict:
     row = {
         "member": member.name,
         "slice": slice_name,
-        "mesh": mesh,
+        "mesh_spec": mesh,
         "flash": flash,
         "recipe_batch": recipe_batch,
     }
