@@ -196,7 +196,6 @@ def check(
     The gin files are parsed already. Raises a one-line UserError for a bad slice or mesh,
     a missing libtpu, and CompileCheckError for a step that does not fit or compile.
     """
-    import gin
     import jax
 
     from core import compiled_program, sharding
@@ -208,7 +207,7 @@ def check(
     sharding.parse_mesh(mesh_spec, slice_.devices)  # a mesh that does not fit: one line, before libtpu
     devices = tpu_slices.devices(slice_)
     # The data is not read: a run file's data_dir may be a bucket this machine cannot see.
-    unbound = {} if _bound("run.data_dir", gin) else {"data_dir": "(not read by the compile check)"}
+    unbound = {} if _bound("run.data_dir") else {"data_dir": "(not read by the compile check)"}
     settings = trainer.RunSettings(**unbound)
     batch = batch_size or settings.batch_size
     k = microbatches or settings.microbatches
@@ -266,7 +265,10 @@ def check(
     return results
 
 
-def _bound(name: str, gin) -> bool:
+def _bound(name: str) -> bool:
+    """Whether the parsed gin config binds `name`."""
+    import gin
+
     try:
         gin.query_parameter(name)
     except ValueError:
