@@ -171,19 +171,16 @@ def _dot(a: jax.Array, b: jax.Array, *, transpose_b: bool = False) -> jax.Array:
     return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
 
 
-def _hash(static: _Static, key_words, row_base, first_query, first_column, shape, query_axis: int):
-    """The four 16-bit quarters [*shape] of the tile's counters: rows row_base + first_query +
-    the query index along `query_axis`, columns first_column + the index along the other."""
-    rows = row_base + first_query + jax.lax.broadcasted_iota(jnp.int32, shape, query_axis)
-    columns = first_column + jax.lax.broadcasted_iota(jnp.int32, shape, 1 - query_axis)
-    return dropout_bits.quarters(*dropout_bits.threefry2x32(*key_words, rows, columns))
-
-
 def _keep(static: _Static, key_words, row_base, first_query, first_column, shape, query_axis: int):
-    """The keep masks [*shape] of the four quarters of a tile, or None without dropout."""
+    """The keep masks [*shape] of the four quarters of a tile, or None without dropout.
+
+    The tile's counters: rows row_base + first_query + the query index along `query_axis`,
+    columns first_column + the index along the other; key_words: the key's two int32 words."""
     if not static.dropout:
         return None
-    quarters = _hash(static, key_words, row_base, first_query, first_column, shape, query_axis)
+    rows = row_base + first_query + jax.lax.broadcasted_iota(jnp.int32, shape, query_axis)
+    columns = first_column + jax.lax.broadcasted_iota(jnp.int32, shape, 1 - query_axis)
+    quarters = dropout_bits.quarters(*dropout_bits.threefry2x32(*key_words, rows, columns))
     return [quarter >= static.threshold for quarter in quarters]
 
 
