@@ -14,7 +14,8 @@ min(the recipe's batch, rows_per_device x devices) rows per step (the recipe's b
 `k` such steps, as run.microbatches would run them). The estimate columns are XLA's cost
 model read from each compiled step (an estimate, not a measurement); for each member,
 slice and attention path, the mesh with the lowest estimate among those that fit is
-marked "favoured" (a row whose program has loops has a lower bound for an estimate, ">=",
+marked "favoured"; "tight": compiled, its buffers over the chip's usable HBM as the memory
+analysis counts them (a row whose program has loops has a lower bound for an estimate, ">=",
 and is not ranked). Every row's JSON line goes to --out; the markdown table is printed
 last (`--from_rows=FILE` prints it again from such a file).
 About 1-4 minutes of compilation per row on 2 CPU cores.
@@ -101,10 +102,7 @@ def _row(member, slice_name: str, mesh: str, flash: bool, args) -> dict:
     lines = done.stdout.strip().splitlines()
     if lines and lines[-1].startswith("["):
         (result,) = json.loads(lines[-1])
-        row.update(result)
-        if not result["fits"]:
-            row["error"] = "does not fit"
-        return row
+        return {**row, **result}
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     return {
         **row,
@@ -134,7 +132,7 @@ def _favoured(rows: list[dict]) -> set[int]:
         key = (r["member"], r["slice"], r["flash"])
         meshes.setdefault(key, set()).add(r["mesh_spec"])
         seconds = (r.get("xla_estimate") or {}).get("seconds")
-        if "error" not in r and seconds and not _lower_bound(r):
+        if "error" not in r and r["fits"] and seconds and not _lower_bound(r):
             best[key] = min(best.get(key, (float("inf"), -1)), (seconds, i))
     return {i for key, (_, i) in best.items() if len(meshes[key]) > 1}
 
@@ -161,7 +159,7 @@ def table(rows: list[dict]) -> str:
         memory = f"{r['hbm_bytes_per_device'] / 2**30:.2f} ({r['usable_hbm_bytes'] / 2**30:.2f})"
         out.append(
             head
-            + f"{r['batch']} ({r['recipe_batch']}) | {r['attention']} | {'yes' if r['fits'] else 'no'} | "
+            + f"{r['batch']} ({r['recipe_batch']}) | {r['attention']} | {'yes' if r['fits'] else 'tight'} | "
             f"{memory} | {ms} | {mfu} | {_collectives(r)} | {r['compile_seconds']:.0f} |"
         )
     return "\n".join(out)
