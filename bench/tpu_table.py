@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -111,7 +112,13 @@ def _row(member, slice_name: str, mesh: str, flash: bool, args) -> dict:
 
 
 def _collectives(row: dict) -> str:
-    short = {"all-gather": "AG", "all-reduce": "AR", "reduce-scatter": "RS", "all-to-all": "A2A"}
+    short = {
+        "all-gather": "AG",
+        "all-reduce": "AR",
+        "reduce-scatter": "RS",
+        "all-to-all": "A2A",
+        "collective-permute": "CP",
+    }
     parts = []
     for kind, c in row["collectives"].items():
         parts.append(f"{short.get(kind, kind)} {c['count']} / {c['bytes'] / 2**30:.2f}")
@@ -119,8 +126,9 @@ def _collectives(row: dict) -> str:
 
 
 def _lower_bound(row: dict) -> bool:
-    """The row's estimate prices a loop body once (a lower bound: core/compiled_program.py)."""
-    return any("loops" in spot for spot in row["xla_estimate"]["blind_spots"])
+    """The row's estimate leaves work out (a loop body priced once, a kernel priced 0:
+    core/compiled_program.py): a lower bound."""
+    return bool(row["xla_estimate"]["blind_spots"])
 
 
 def _favoured(rows: list[dict]) -> set[int]:
@@ -142,7 +150,7 @@ def table(rows: list[dict]) -> str:
     favoured = _favoured(rows)
     out = [
         "| member | slice | mesh | rows per step (recipe's) | attention | fits | "
-        "HBM per chip, GiB (of usable) | estimated ms per step | estimated MFU | "
+        "buffers per chip, GiB (of usable) | estimated ms per step | estimated MFU | "
         "collectives (count / GiB per chip) | compile s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -150,13 +158,17 @@ def table(rows: list[dict]) -> str:
         head = f"| {r['member']} | {r['slice']} | {r['mesh_spec']}{' (favoured)' if i in favoured else ''} | "
         if "hbm_bytes_per_device" not in r:
             attention = "flash" if r["flash"] else ""
-            out.append(head + f"({r['recipe_batch']}) | {attention} | no | {r['error']} | | | | |")
+            needs = re.search(
+                r"it needs ([\d.]+ GiB) of HBM per chip and the compiler has ([\d.]+ GiB)", r["error"]
+            )
+            why = f"refused by the compiler: needs {needs[1]}, has {needs[2]}" if needs else r["error"]
+            out.append(head + f"({r['recipe_batch']}) | {attention} | no | {why} | | | | |")
             continue
         estimate = r["xla_estimate"]
         bound = ">= " if _lower_bound(r) else ""
         ms = f"{bound}{1e3 * estimate['seconds']:.1f}" if estimate["seconds"] else "none"
         mfu = f"{'<= ' if bound else ''}{100 * estimate['mfu']:.1f}%" if estimate["mfu"] else ""
-        memory = f"{r['hbm_bytes_per_device'] / 2**30:.2f} ({r['usable_hbm_bytes'] / 2**30:.2f})"
+        memory = f"{r['buffer_bytes_per_device'] / 2**30:.2f} ({r['usable_hbm_bytes'] / 2**30:.2f})"
         out.append(
             head
             + f"{r['batch']} ({r['recipe_batch']}) | {r['attention']} | {'yes' if r['fits'] else 'tight'} | "

@@ -460,7 +460,8 @@ def _grid_keys(static: _Static, k, v, kv_ids):
 
 def _grid_forward(static: _Static, q, k, v, q_ids, kv_ids, rows, scalars):
     """q [B, N, Lqp, D], k/v [B, N, 4, Wp, D], ids [B, Lqp] and [B, 4, Wp] -> o [B, N, Lqp, D],
-    lse [B, N, Lqp, 128] float32 (lane-replicated)."""
+    lse [B, N, Lqp, 1] float32: the kernel writes it lane-replicated, one lane is kept (a
+    residual of the backward pass, 128 times smaller; jax's kernel keeps its l and m so)."""
     b, n, lqp, d = q.shape
     wp = k.shape[3]
     bq, bk = static.block_q, static.block_k
@@ -474,7 +475,7 @@ def _grid_forward(static: _Static, q, k, v, q_ids, kv_ids, rows, scalars):
     ]
     q_ids = _lane_ids(q_ids)
     with jax.named_scope("flash_attention_forward"):
-        return _grid_call(
+        o, lse = _grid_call(
             _grid_forward_kernel,
             static,
             (b, n, lqp // bq, 1 if static.wide else wp // bk),
@@ -491,6 +492,7 @@ def _grid_forward(static: _Static, q, k, v, q_ids, kv_ids, rows, scalars):
             q_ids,
             kv_ids,
         )
+    return o, lse[..., :1]
 
 
 def _grid_backward(static: _Static, residuals, do):
@@ -508,7 +510,7 @@ def _grid_backward(static: _Static, residuals, do):
         k,
         v,
         do,
-        lse[..., :1].swapaxes(2, 3),
+        lse.swapaxes(2, 3),
         delta.swapaxes(2, 3),
         _sublane_ids(q_ids),
         jnp.broadcast_to(kv_ids[..., None], (*kv_ids.shape, _LANES)),
@@ -537,8 +539,19 @@ def _grid_backward(static: _Static, residuals, do):
             rows,
             *key_grads_in,
         )
+    lanes = (b, n, lqp, _LANES)
     (dq,) = _grid_dq(
-        static, q, k, v, do, lse, jnp.broadcast_to(delta, lse.shape), q_ids, kv_ids, rows, scalars
+        static,
+        q,
+        k,
+        v,
+        do,
+        jnp.broadcast_to(lse, lanes),
+        jnp.broadcast_to(delta, lanes),
+        q_ids,
+        kv_ids,
+        rows,
+        scalars,
     )
     return dq, dk, dv
 

@@ -365,6 +365,7 @@ def _row(mesh: str, seconds: float, loops: bool = False, fits: bool = True) -> d
         "attention": "explicit",
         "fits": fits,
         "hbm_bytes_per_device": 3 * 2**30,
+        "buffer_bytes_per_device": 3 * 2**30,
         "usable_hbm_bytes": int(15.75 * 2**30),
         "xla_estimate": {"seconds": seconds, "mfu": 0.1, "blind_spots": spots},
         "collectives": {"all-reduce": {"count": 6, "bytes": 2**29}},
