@@ -58,7 +58,13 @@ test: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(PYTEST) -m "not extended"
 
-test-extended: $(VENV)/.installed
+# The extended tier also compiles for TPU slices on this machine (pretrain.tpu_compile), with
+# libtpu (a 210 MB wheel, from requirements-tpu.txt), which `make test` and `make demo` leave out.
+$(VENV)/.libtpu: $(VENV)/.installed requirements-tpu.txt
+	$(VENV)/bin/pip install --quiet --no-compile --no-deps $$(grep -E '^libtpu==' requirements-tpu.txt)
+	touch $@
+
+test-extended: $(VENV)/.installed $(VENV)/.libtpu
 	$(PYTEST) -m extended
 
 # The inner loop: the contract and the tests that compile no model step; those marked slow

@@ -12,7 +12,10 @@ Commands
   setup    copy this repository (its git-tracked files) to every worker and install
            requirements-tpu.txt (requirements.txt plus jax[tpu]) into ~/REPO_DIR/.venv on each
   run      start `python -m pretrain.train --workdir=WORKDIR TRAIN_ARGS...` on all workers
-           in the background (same command on every host), output to --log on each worker
+           in the background (same command on every host), output to --log on each worker;
+           given --type, first compile the run's step for that slice here (`pretrain.train
+           --compile_for=TYPE`, needs libtpu: requirements-tpu.txt) and start nothing if it
+           does not fit or compile
   tail     follow worker 0's log
   ssh      open a shell on a worker (--worker, default 0)
   stop     send SIGTERM to the training process on all workers (`run` again resumes from
@@ -23,7 +26,9 @@ Options
   --name NAME        TPU name (or $TPU_NAME)
   --zone ZONE        e.g. us-central2-b (or $TPU_ZONE)
   --project ID       GCP project (default: gcloud's configured project)
-  --type TYPE        accelerator type for create, e.g. v4-8, v4-32, v5p-128 (default v4-8)
+  --type TYPE        accelerator type for create, e.g. v4-8, v4-32, v5p-128 (default v4-8);
+                     for run, the slice to compile the step for before starting it
+  --no-check         run: skip that compile check
   --version VERSION  TPU runtime version for create (default tpu-ubuntu2204-base)
   --spot             create as a spot (preemptible) slice through queued-resources
   --queued           create through queued-resources (waits for capacity)
@@ -35,11 +40,12 @@ Options
 
 Environment
   DRY_RUN=1          print every command instead of running it
+  PYTHON             the Python of this machine's compile check (default python3)
 
 Example (BERT-base on a v4-32):
   ./launch_tpu.sh create --name bert --zone us-central2-b --type v4-32 --spot
   ./launch_tpu.sh setup  --name bert --zone us-central2-b
-  ./launch_tpu.sh run    --name bert --zone us-central2-b --workdir gs://my-bucket/bert_base -- \
+  ./launch_tpu.sh run    --name bert --zone us-central2-b --type v4-32 --workdir gs://my-bucket/bert_base -- \
       --gin_file=configs/runs/bert_base_wikipedia.gin --gin_bindings="run.data_dir='gs://my-bucket/shards'"
   ./launch_tpu.sh tail   --name bert --zone us-central2-b
   ./launch_tpu.sh delete --name bert --zone us-central2-b
@@ -74,6 +80,8 @@ name="${TPU_NAME:-}"
 zone="${TPU_ZONE:-}"
 project=""
 tpu_type="v4-8"
+type_given=0
+check=1
 version="tpu-ubuntu2204-base"
 spot=0
 queued=0
@@ -88,7 +96,8 @@ while [[ $# -gt 0 ]]; do
     --name) name="${2:?--name needs a value}"; shift 2 ;;
     --zone) zone="${2:?--zone needs a value}"; shift 2 ;;
     --project) project="${2:?--project needs a value}"; shift 2 ;;
-    --type) tpu_type="${2:?--type needs a value}"; shift 2 ;;
+    --type) tpu_type="${2:?--type needs a value}"; type_given=1; shift 2 ;;
+    --no-check) check=0; shift ;;
     --version) version="${2:?--version needs a value}"; shift 2 ;;
     --spot) spot=1; shift ;;
     --queued) queued=1; shift ;;
@@ -133,6 +142,12 @@ case "$command" in
     ;;
   run)
     [[ -n "$workdir" ]] || die "run needs --workdir (a gs:// path, shared by all workers)"
+    if [[ $type_given == 1 && $check == 1 ]]; then
+      # The step compiled for the slice on this machine first (pretrain/tpu_compile.py): a
+      # config that does not fit is refused here, in one line, before the workers start.
+      run_cmd "${PYTHON:-python3}" -m pretrain.train --compile_for="$tpu_type" --workdir="$workdir" \
+        ${train_args[@]+"${train_args[@]}"} || exit $?
+    fi
     quoted_args=""
     [[ ${#train_args[@]} -gt 0 ]] && quoted_args="$(printf '%q ' "${train_args[@]}")"
     tpu_ssh all "cd $repo_dir && nohup .venv/bin/python -m pretrain.train --workdir=$workdir \

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
 import gin
@@ -88,12 +88,16 @@ def _devices(count: int) -> str:
 
 
 def make_mesh(spec: str | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh with Auto axes (linen's logical constraints need them)."""
+    """A (data, fsdp, tensor) mesh with Auto axes (linen's logical constraints need them).
+
+    `devices`: jax.devices() by default; a slice's compile-only devices (core/tpu_slices.py)
+    are laid out along its torus as jax.make_mesh lays out a pod's own; any other list is
+    taken in order."""
     devices = list(devices or jax.devices())
     sizes = parse_mesh(spec, len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
-    if devices == list(jax.devices()):
-        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    if devices == list(jax.devices()) or devices[0].platform == "tpu":
+        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
@@ -137,6 +141,15 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
     }
 
 
+def target_device() -> jax.Device:
+    """A device of what the program being built runs on: the innermost open Partitioner's
+    mesh (a TPU slice compiled for ahead of time, on a CPU: core/tpu_slices.py), else this
+    process's first device. Code that picks a kernel by platform asks this, at trace time."""
+    if Partitioner._open:
+        return Partitioner._open[-1].mesh.devices.flat[0]
+    return jax.devices()[0]
+
+
 def divisible_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh) -> PartitionSpec:
     """`spec` with each dimension's mesh axes dropped (replicated) where they do not divide
     it: arrays on a mesh must split evenly. `mesh`: a Mesh or an AbstractMesh."""
@@ -160,6 +173,8 @@ class Partitioner:
     mesh: Mesh
     rules: tuple
     _active: list = dataclasses.field(default_factory=list, init=False, repr=False)
+    # The partitioners whose blocks are open, innermost last (`active_devices`).
+    _open: ClassVar[list[Partitioner]] = []
 
     @classmethod
     def create(cls, spec: str | None = None, devices: Sequence[jax.Device] | None = None) -> Partitioner:
@@ -171,9 +186,11 @@ class Partitioner:
         stack.enter_context(jax.set_mesh(self.mesh))
         stack.enter_context(nn.logical_axis_rules(self.rules))
         self._active.append(stack)
+        Partitioner._open.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        Partitioner._open.pop()
         self._active.pop().close()
 
     def shardings(self, boxed_tree: Any) -> Any:

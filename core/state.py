@@ -75,8 +75,11 @@ class StateFactory:
             )
 
         self._partitioner = partitioner
+        # The key's shape only, made outside the mesh: under a mesh of devices this process
+        # cannot run (a TPU slice compiled for ahead of time) an eager key would execute there.
+        key = jax.eval_shape(lambda: jax.random.key(0))
         with partitioner:
-            boxed = jax.eval_shape(init_boxed, jax.random.key(0))
+            boxed = jax.eval_shape(init_boxed, key)
             self.shardings: TrainState = partitioner.shardings(boxed)
         # Unboxed outside the mesh: unboxing inside it would apply sharding constraints.
         self.abstract: TrainState = shaped_like(nn.meta.unbox(boxed), self.shardings)

@@ -103,9 +103,12 @@ def attention_mask(input_mask: jax.Array, example_ids: jax.Array | None = None) 
 
 
 def platform() -> str:
-    """This process's accelerator as the kernels see it: "tpu", "cuda" (an NVIDIA GPU of compute
-    capability 8.0 or more: cuDNN's flash attention), "gpu" (any other GPU) or "cpu"."""
-    device = jax.devices()[0]
+    """The target's accelerator as the kernels see it: "tpu", "cuda" (an NVIDIA GPU of compute
+    capability 8.0 or more: cuDNN's flash attention), "gpu" (any other GPU) or "cpu".
+
+    The target is the mesh the step is being built for (core/sharding.py `target_device`):
+    a TPU slice compiled for ahead of time on a CPU gets the TPU's kernels."""
+    device = sharding.target_device()
     if device.platform != "gpu":
         return device.platform
     capability = float(getattr(device, "compute_capability", 0) or 0)
@@ -254,10 +257,11 @@ def attend(
     dropout_rng: jax.Array | None = None,
     dropout_bits: int = 16,
     accumulate_f32: bool = True,
+    flash_block_sizes: flash_attention.BlockSizes | None = None,
 ) -> jax.Array:
     """Attention by the path `implementation` (as `choose` returns it): [B, L, N, D] -> [B, L, N, D].
     The dropout arguments are the explicit path's (`explicit_attention`) and flash's (which
-    draws the 16-bit masks only); the other paths have none."""
+    draws the 16-bit masks only); the other paths have none. flash_block_sizes: flash's tiles."""
     if implementation == "flash" and dropout_rng is not None and not flash_attention.is_threefry(dropout_rng):
         implementation = "explicit"
         log_choice(implementation, "flash attention hashes threefry keys; run.dropout_prng is not threefry")
@@ -274,7 +278,15 @@ def attend(
             accumulate_f32=accumulate_f32,
         )
     if implementation == "flash":
-        return flash(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+        return flash(
+            query,
+            key,
+            value,
+            mask,
+            dropout_rate=dropout_rate,
+            dropout_rng=dropout_rng,
+            block_sizes=flash_block_sizes,
+        )
     if implementation == "cudnn":
         return cudnn_attention(query, key, value, mask)
     if implementation == "splash":
@@ -290,22 +302,23 @@ def flash(
     *,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    block_sizes: flash_attention.BlockSizes | None = None,
 ) -> jax.Array:
-    """Our Pallas flash attention (models/flash_attention.py) in this platform's kernel language:
-    [B, L, N, D] -> [B, L, N, D]. Without packing every query has segment id 1 (padding
-    queries attend the real tokens, as with the dense mask); keys of id 0 are padding."""
+    """Our Pallas flash attention (models/flash_attention.py) in the target platform's kernel
+    language: [B, L, N, D] -> [B, L, N, D]. Without packing every query has segment id 1
+    (padding queries attend the real tokens, as with the dense mask); keys of id 0 are padding."""
     key_ids = mask.segment_ids()
     query_ids = key_ids if mask.example_ids is not None else jnp.ones_like(key_ids)
     return flash_attention.flash_attention(
         query,
         key,
         value,
-        query_ids,
-        key_ids,
+        flash_attention.SegmentIds(query_ids, key_ids),
         dropout_rate=dropout_rate,
         dropout_key=dropout_rng if dropout_rate > 0.0 else None,
         rows=mask.row_index,
         backend=flash_attention.default_backend(platform()),
+        block_sizes=block_sizes,
     )
 
 

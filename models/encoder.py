@@ -65,6 +65,7 @@ from models.attention import (
 from models.attention import platform as attention_platform
 from models.disentangled import DisentangledConfig
 from models.dropout import DROPOUT_BITS, Dropout
+from models.flash_attention import BlockSizes
 from models.xlnet_options import XLNetOptions
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -122,6 +123,9 @@ class EncoderConfig:
         kernel, with attention dropout: opt-in). Training with attention dropout takes
         "explicit" unless "flash" is set; both draw the same masks. DeBERTa's
         disentangled attention has its own path and takes "auto" only.
+      flash_block_sizes: the "flash" kernel's tiles (models/flash_attention.py
+        `BlockSizes`, gin `@BlockSizes()`); None = its defaults. The masks do not depend
+        on them.
       matmul_accumulation: "float32" (default): every matmul takes its operands in the
         compute dtype and accumulates in float32, forward and backward (models/matmul.py);
         "compute": the product in the compute dtype (flax's nn.Dense in bf16), kept to
@@ -181,6 +185,7 @@ class EncoderConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention_implementation: str = "auto"
+    flash_block_sizes: BlockSizes | None = None
     matmul_accumulation: str = "float32"
     remat_policy: str = "none"
     scan_layers: bool = False
@@ -194,7 +199,11 @@ class EncoderConfig:
     xlnet: XLNetOptions | None = None
 
     def __post_init__(self):
-        for name, options in (("disentangled", DisentangledConfig), ("xlnet", XLNetOptions)):
+        for name, options in (
+            ("disentangled", DisentangledConfig),
+            ("xlnet", XLNetOptions),
+            ("flash_block_sizes", BlockSizes),
+        ):
             value = getattr(self, name)
             if isinstance(value, dict):  # as model_config.json stores it
                 known = {field.name for field in dataclasses.fields(options)}
@@ -526,6 +535,7 @@ class SelfAttention(nn.Module):
             else None,
             dropout_bits=cfg.dropout_bits,
             accumulate_f32=cfg.accumulate_f32,
+            flash_block_sizes=cfg.flash_block_sizes,
         )
         context = nn.with_logical_constraint(context, heads_axes)
         return heads_out(cfg)(context)

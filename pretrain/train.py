@@ -7,6 +7,10 @@ The model's vocabulary size is the shards' (their manifest.json records the toke
 a model gin file's `EncoderConfig.vocab_size` (the published vocabulary's) gives way to it,
 with a log line; one bound on the command line (--gin_bindings) must match it.
 
+`--compile_for=SLICE` (a TPU accelerator type or topology, e.g. v5p-64) only compiles the
+run's train step for that slice on this machine and says whether it fits, with nothing
+trained or written (pretrain/tpu_compile.py): a launcher runs it before a slice is paid for.
+
 Started again with the same workdir, it resumes from the latest checkpoint. SIGTERM or
 SIGINT (a preemption notice, Ctrl-C) stops after the current step with a checkpoint and
 exit status 0. A problem with the config, data or workdir is one `error:` line, status 2.
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow is imported)
 
 from core import cli
+from pretrain import tpu_compile
 
 
 def build_parser():
@@ -30,6 +35,11 @@ def build_parser():
     parser.add_argument("--workdir", required=True, help="where checkpoints, metrics and the summary go")
     cli.add_mesh_flags(parser)
     cli.add_compilation_cache_flag(parser)
+    tpu_compile.add_slice_flag(
+        parser,
+        "--compile_for",
+        purpose="only compile the train step here for this slice, say if it fits, exit; ",
+    )
     return parser
 
 
@@ -67,6 +77,9 @@ def vocab_size_from_shards(command_line_bindings: Sequence[str]) -> str | None:
 
 
 def _run(args) -> None:
+    if args.compile_for:  # compile for the slice here, train nothing
+        tpu_compile.compile_check(args.compile_for, args)
+        return
     import jax
     import tensorflow as tf
 

@@ -24,12 +24,14 @@ TOOLS = [
     "pretrain.summary",
     "pretrain.ablate",
     "pretrain.demo",
+    "pretrain.tpu_compile",
     "finetune.glue",
     "finetune.demo_task",
     "bench.pretrain",
     "bench.compare",
     "bench.memory",
     "bench.input_pipeline",
+    "bench.tpu_table",
     "core.local_pod",
     # bench.peer_hf runs only in the peer's own virtualenv (transformers 4.57.6, Flax models).
 ]

@@ -1,7 +1,9 @@
-"""Flash attention with dropout (models/flash_attention.py), in Pallas interpret mode here: it
-equals the explicit path with the same dropout masks (outputs and gradients; padded, packed
-and odd-length rows; float32 and bf16), its masks are models/dropout.py's whatever the tiling
-and pass, it trains as the explicit path does on a mesh, and it lowers for TPU and GPU."""
+"""Flash attention with dropout (models/flash_attention.py), in Pallas interpret mode here, both
+kernel designs (TPU's grid, Triton's loop): it equals the explicit path with the same dropout
+masks (outputs and gradients; padded, packed and odd-length rows; float32 and bf16; quarter
+and wide key tiles), its masks are models/dropout.py's whatever the tiling and pass, it trains
+as the explicit path does on a mesh, and it lowers for TPU and GPU. Mosaic's own compilation
+for every TPU generation: tests/test_tpu_compile.py."""
 
 import dataclasses
 import functools
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 from core import sharding
+from core.errors import ConfigError
 from data.pipeline_config import PipelineConfig
 from models import attention, dropout, flash_attention
 from models.attention import KeyMask
@@ -43,19 +46,18 @@ def _explicit(q, k, v, mask, rate):
     return jnp.where(jnp.swapaxes(has_key, 1, 2)[..., None], out, 0)
 
 
-def _flash(q, k, v, mask, rate, blocks=(None, None), key=KEY):
+def _flash(q, k, v, mask, rate, blocks=None, key=KEY, backend="interpret"):
     key_ids = mask.segment_ids()
     query_ids = key_ids if mask.example_ids is not None else jnp.ones_like(key_ids)
     return flash_attention.flash_attention(
         q,
         k,
         v,
-        query_ids,
-        key_ids,
+        flash_attention.SegmentIds(query_ids, key_ids),
         dropout_rate=rate,
         dropout_key=key if rate else None,
-        block_q=blocks[0],
-        block_k=blocks[1],
+        backend=backend,
+        block_sizes=blocks,
     )
 
 
@@ -70,24 +72,36 @@ def _value_and_grads(fn, q, k, v, mask):
     return fn(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
 
+GRID, LOOP = "interpret", "interpret_triton"  # the TPU design, Triton's, in the interpreter
+BLOCKS = flash_attention.BlockSizes
+
+
 @pytest.mark.parametrize(
-    "length, dtype, packed, rate, blocks, atol",
+    "backend, length, dtype, packed, rate, blocks, atol",
     [
         # odd length, packed rows, dropout: several tiles of unequal sizes (the backward
-        # pass's 8 x 8), padding queries with no key to attend
-        (37, jnp.float32, True, 0.1, (16, 8), 2e-6),
-        (24, jnp.float32, False, 0.0, (8, 8), 2e-6),
-        (37, jnp.bfloat16, False, 0.1, (None, None), 3e-2),  # the default blocks: one tile
+        # pass's 8 x 8), quarter-wide key tiles, padding queries with no key to attend
+        (GRID, 37, jnp.float32, True, 0.1, BLOCKS(16, 8, 8, 8), 2e-6),
+        (GRID, 24, jnp.float32, False, 0.0, BLOCKS(8, 8), 2e-6),
+        # the default blocks: one tile, the four quarters as one wide tile
+        (GRID, 37, jnp.bfloat16, False, 0.1, None, 3e-2),
+        (GRID, 37, jnp.float32, True, 0.1, None, 2e-6),
+        (LOOP, 37, jnp.float32, True, 0.1, BLOCKS(16, 16), 2e-6),
+        (LOOP, 37, jnp.bfloat16, False, 0.1, None, 3e-2),
     ],
-    ids=["f32-packed-dropout", "f32-padded", "bf16-padded-dropout"],
+    ids=["f32-packed-dropout", "f32-padded", "bf16-padded-dropout", "f32-wide", "loop-f32", "loop-bf16"],
 )
 @pytest.mark.slow
-@pytest.mark.extended(keep=["f32-packed-dropout", "f32-padded"])
-def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, rate, blocks, atol):
+@pytest.mark.extended(keep=["f32-packed-dropout", "f32-padded", "f32-wide", "loop-f32"])
+def test_equals_explicit_attention_with_the_same_dropout(backend, length, dtype, packed, rate, blocks, atol):
     q, k, v, mask = _rows(length, 16, dtype)
     if not packed:
         mask = KeyMask(mask.input_mask)
-    flash = jax.jit(functools.partial(_value_and_grads, lambda q, k, v: _flash(q, k, v, mask, rate, blocks)))
+    flash = jax.jit(
+        functools.partial(
+            _value_and_grads, lambda q, k, v: _flash(q, k, v, mask, rate, blocks, backend=backend)
+        )
+    )
     explicit = jax.jit(functools.partial(_value_and_grads, lambda q, k, v: _explicit(q, k, v, mask, rate)))
     (out, grads), (expected, expected_grads) = flash(q, k, v, mask), explicit(q, k, v, mask)
     assert out.dtype == dtype and out.shape == q.shape
@@ -111,12 +125,13 @@ def test_equals_explicit_attention_with_the_same_dropout(length, dtype, packed, 
 
 @pytest.mark.slow
 @pytest.mark.extended
-def test_backward_blocks_other_than_the_forwards_give_the_same_gradients(monkeypatch):
+def test_backward_blocks_other_than_the_forwards_give_the_same_gradients():
     """The backward pass tiles with its own blocks (on Triton, half the forward's): the
     gradients stay the explicit path's, the mask being a function of the indices alone."""
-    monkeypatch.setitem(flash_attention._BACKWARD_BLOCKS, "interpret", (8, 8))
     q, k, v, mask = _rows(37, 16, jnp.float32)
-    flash = functools.partial(_value_and_grads, lambda q, k, v: _flash(q, k, v, mask, 0.1, (16, 16)))
+    flash = functools.partial(
+        _value_and_grads, lambda q, k, v: _flash(q, k, v, mask, 0.1, BLOCKS(16, 16, 8, 8))
+    )
     explicit = functools.partial(_value_and_grads, lambda q, k, v: _explicit(q, k, v, mask, 0.1))
     (_, grads), (_, expected) = jax.jit(flash)(q, k, v, mask), jax.jit(explicit)(q, k, v, mask)
     for name, a, b in zip("qkv", grads, expected):
@@ -126,8 +141,8 @@ def test_backward_blocks_other_than_the_forwards_give_the_same_gradients(monkeyp
 M = 64  # the mask tests' length and head width: values one-hot over the keys
 
 
-@functools.partial(jax.jit, static_argnames="blocks")
-def _kernel_masks(key, blocks):
+@functools.partial(jax.jit, static_argnames=("blocks", "backend"))
+def _kernel_masks(key, blocks, backend=GRID):
     """The kernel's keep masks [B, N, M, M], read from its forward pass and from its dk/dv pass.
 
     With q = 0 every key gets probability 1/M; with v[s] = e_s the output's column s is the
@@ -137,7 +152,7 @@ def _kernel_masks(key, blocks):
     q = jnp.zeros((B, M, N, M), jnp.float32)
     onehot = jnp.broadcast_to(jnp.eye(M, dtype=jnp.float32)[None, :, None, :], q.shape)
     mask = KeyMask(jnp.ones((B, M), jnp.int32))
-    out, pullback = jax.vjp(lambda v: _flash(q, q, v, mask, 0.5, blocks, key), onehot)
+    out, pullback = jax.vjp(lambda v: _flash(q, q, v, mask, 0.5, blocks, key, backend), onehot)
     (dv,) = pullback(onehot)
     return jnp.swapaxes(out, 1, 2) > 0, jnp.einsum("bsnt->bnts", dv) > 0
 
@@ -146,15 +161,18 @@ def _kernel_masks(key, blocks):
 @pytest.mark.extended
 def test_masks_are_the_explicit_paths_in_both_passes_and_every_tiling():
     expected = np.asarray(dropout.keep_mask(KEY, 0.5, (B, N, M, M)))
-    for blocks in ((8, 8), (16, 8), (32, 16)):
-        forward, backward = _kernel_masks(KEY, blocks)
-        np.testing.assert_array_equal(forward, expected, err_msg=str(blocks))
-        np.testing.assert_array_equal(backward, expected, err_msg=str(blocks))
+    # The grid design with quarter tiles, then one wide tile of all four (32, 16), and the
+    # loop design.
+    tilings = ((GRID, BLOCKS(8, 8)), (GRID, BLOCKS(16, 8)), (GRID, BLOCKS(32, 16)), (LOOP, BLOCKS(16, 16)))
+    for backend, blocks in tilings:
+        forward, backward = _kernel_masks(KEY, blocks, backend)
+        np.testing.assert_array_equal(forward, expected, err_msg=f"{backend} {blocks}")
+        np.testing.assert_array_equal(backward, expected, err_msg=f"{backend} {blocks}")
     # The statistics of the kernel's masks: keep rate within binomial bounds, and no
     # dependence between heads, rows or steps (another step's key).
     p = dropout.keep_probability(0.5)
     assert abs(expected.mean() - p) < 5 * np.sqrt(p * (1 - p) / expected.size)
-    other_step = np.asarray(_kernel_masks(jax.random.fold_in(KEY, 1), (16, 8))[0])
+    other_step = np.asarray(_kernel_masks(jax.random.fold_in(KEY, 1), BLOCKS(16, 8))[0])
     pairs = {
         "heads": (expected[:, 0], expected[:, 1]),
         "rows": (expected[0], expected[1]),
@@ -179,8 +197,9 @@ def test_lowers_for_tpu_and_gpu(platform, head_dim, length):
     ids = jax.ShapeDtypeStruct((2, length), jnp.int32)
 
     def loss(q, k, v, query_ids, key_ids):
+        segment_ids = flash_attention.SegmentIds(query_ids, key_ids)
         out = flash_attention.flash_attention(
-            q, k, v, query_ids, key_ids, dropout_rate=0.1, dropout_key=KEY, backend=backend
+            q, k, v, segment_ids, dropout_rate=0.1, dropout_key=KEY, backend=backend
         )
         return out.astype(jnp.float32).sum()
 
@@ -198,14 +217,30 @@ def test_lowers_for_tpu_and_gpu(platform, head_dim, length):
 
 def test_bad_settings_are_clear_errors():
     q, k, v, mask = _rows(8, 4, jnp.float32)
+    ids = flash_attention.SegmentIds(mask.segment_ids(), mask.segment_ids())
     with pytest.raises(ValueError, match="backend must be one of"):
-        flash_attention.flash_attention(q, k, v, mask.segment_ids(), mask.segment_ids(), backend="cuda")
+        flash_attention.flash_attention(q, k, v, ids, backend="cuda")
     with pytest.raises(ValueError, match="draws its dropout with threefry"):
         _flash(q, k, v, mask, 0.1, key=jax.random.key(0, impl="rbg"))
     with pytest.raises(ValueError, match="drops everything"):
         _flash(q, k, v, mask, 1.0)
-    with pytest.raises(ValueError, match="block_k must be a positive multiple of 8 on interpret, got 12"):
-        _flash(q, k, v, mask, 0.1, (8, 12))
+    with pytest.raises(ConfigError, match="BlockSizes.block_k must be a positive multiple of 8, got 12"):
+        BLOCKS(8, 12)
+    with pytest.raises(ValueError, match="block_k must be a power of two >= 16 on interpret_triton, got 24"):
+        _flash(q, k, v, mask, 0.1, BLOCKS(16, 24), backend=LOOP)
+    with pytest.raises(ValueError, match="block_q_backward .16. must divide block_q .24."):
+        _flash(q, k, v, mask, 0.1, BLOCKS(24, 8, 16, 8))
+    with pytest.raises(ValueError, match="wide_keys needs the TPU design and one key block per quarter"):
+        _flash(q, k, v, mask, 0.1, BLOCKS(wide_keys=True), backend=LOOP)
+    # Mosaic's tiles: a lane-wide block is a multiple of 128 or covers the row.
+    with pytest.raises(ValueError, match="block_k must be a multiple of 128 or cover the row .128. on tpu"):
+        flash_attention.flash_attention_heads_first(
+            *(jnp.zeros((1, 1, 512, 64)),) * 3,
+            flash_attention.SegmentIds(*(jnp.ones((1, 512), jnp.int32),) * 2),
+            rows=jnp.zeros((1,), jnp.int32),
+            backend="tpu",
+            block_sizes=BLOCKS(block_k=64),
+        )
 
 
 @pytest.mark.slow
@@ -289,3 +324,29 @@ def test_trains_as_the_explicit_path_on_every_layout():
             jax.device_get(other.params),
             jax.device_get(state.params),
         )
+
+
+def test_block_sizes_are_reachable_from_the_config_and_survive_the_workdir(tmp_path):
+    """`EncoderConfig.flash_block_sizes = @BlockSizes()` in gin; model_config.json keeps it."""
+    import gin
+
+    from core import workdir
+    from models.encoder import EncoderConfig
+
+    gin.clear_config()
+    try:
+        gin.parse_config(
+            [
+                "EncoderConfig.flash_block_sizes = @BlockSizes()",
+                "BlockSizes.block_q = 128",
+                "BlockSizes.wide_keys = False",
+            ]
+        )
+        config = EncoderConfig()
+    finally:
+        gin.clear_config()
+    assert config.flash_block_sizes == BLOCKS(block_q=128, wide_keys=False)
+    workdir.write_config(str(tmp_path), config)
+    assert workdir.read_config(str(tmp_path), EncoderConfig) == config
+    with pytest.raises(ConfigError, match="BlockSizes.block_q_backward must be a positive multiple of 8"):
+        EncoderConfig(flash_block_sizes={"block_q_backward": 100})

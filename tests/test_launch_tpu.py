@@ -71,16 +71,18 @@ def test_setup_copies_to_every_worker_and_installs_jax_tpu():
     assert "pip install --quiet -r requirements-tpu.txt -f https://storage.googleapis.com/" in remote
 
 
-@pytest.mark.parametrize("accelerator, extra", [("tpu", "jax[tpu]"), ("gpu", "jax[cuda12]")])
+@pytest.mark.parametrize(
+    "accelerator, extra", [("tpu", ["jax[tpu]", "libtpu==0.0.42.1"]), ("gpu", ["jax[cuda12]"])]
+)
 def test_accelerator_requirements_add_jax_plugins_at_our_jax_version(accelerator, extra):
     """requirements-{gpu,tpu}.txt: requirements.txt plus JAX's plugin for the accelerator, at
     the JAX version requirements.txt pins (`make check-accelerator-requirements` resolves them
-    against PyPI)."""
+    against PyPI); the TPU's libtpu by name too (pretrain.tpu_compile installs it alone)."""
     with open(os.path.join(ROOT, "requirements.txt")) as f:
         (jax_pin,) = [line.strip() for line in f if line.startswith("jax==")]
     with open(os.path.join(ROOT, f"requirements-{accelerator}.txt")) as f:
         lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-    assert lines == ["-r requirements.txt", f"{extra}=={jax_pin.split('==')[1]}"]
+    assert lines == ["-r requirements.txt", f"{extra[0]}=={jax_pin.split('==')[1]}", *extra[1:]]
 
 
 def test_run_starts_the_same_command_on_all_workers_in_the_background():
@@ -106,6 +108,26 @@ def test_run_starts_the_same_command_on_all_workers_in_the_background():
     ]
     assert remote[9] == "--gin_bindings=run.data_dir='gs://b/shards'"
     assert remote[-4:] == [">", "~/train.log", "2>&1", "&"]
+
+
+def test_run_with_a_type_compiles_the_step_for_that_slice_here_first():
+    """`run --type`: `pretrain.train --compile_for` on this machine with the run's arguments,
+    then the workers' command; `--no-check` (or no --type) starts the workers only."""
+    args = ["run", *BASE, "--workdir", "gs://b/run", "--", "--gin_file=configs/runs/demo.gin"]
+    _, commands = _dry(*args[:5], "--type", "v5litepod-16", *args[5:], env={"PYTHON": "/venv/python"})
+    check, ssh = commands
+    assert check == [
+        "/venv/python",
+        "-m",
+        "pretrain.train",
+        "--compile_for=v5litepod-16",
+        "--workdir=gs://b/run",
+        "--gin_file=configs/runs/demo.gin",
+    ]
+    assert ssh[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]
+    for skipped in ([*args[:5], "--type", "v5litepod-16", "--no-check", *args[5:]], args):
+        _, commands = _dry(*skipped)
+        assert len(commands) == 1 and commands[0][0] == "gcloud"
 
 
 @pytest.mark.parametrize(
@@ -156,6 +178,8 @@ def test_help_documents_every_command_and_option():
         "--spot",
         "--queued",
         "--workdir",
+        "--no-check",
+        "PYTHON",
         "DRY_RUN=1",
     ):
         assert word in result.stdout
