@@ -53,7 +53,7 @@ from typing import Mapping
 
 import tensorflow as tf
 
-from data import pair_layout
+from data import masking, pair_layout, shards
 
 Features = Mapping[str, tf.Tensor]
 
@@ -73,21 +73,26 @@ def derive_seed(seed: tf.Tensor, *parts) -> tf.Tensor:
     return seed
 
 
-def parse_document(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+def parse_document(serialized: tf.Tensor, word_tags: bool = False) -> dict[str, tf.Tensor]:
     """Parses one document record written by `data.preprocess`.
 
-    Returns token_ids [T] int32, sentence_lengths [S] int32, doc_id [] int64.
+    Returns token_ids [T] int32, sentence_lengths [S] int32, doc_id [] int64. word_tags: the
+    tokens that continue a segmenter's word (the record's `word_continues`) carry
+    `masking.WORD_TAG` in their ids, for whole-word masking (`masking.untag_words`).
     """
-    parsed = tf.io.parse_single_example(
-        serialized,
-        {
-            "token_ids": tf.io.RaggedFeature(tf.int64),
-            "sentence_lengths": tf.io.RaggedFeature(tf.int64),
-            "doc_id": tf.io.FixedLenFeature([], tf.int64),
-        },
-    )
+    features = {
+        "token_ids": tf.io.RaggedFeature(tf.int64),
+        "sentence_lengths": tf.io.RaggedFeature(tf.int64),
+        "doc_id": tf.io.FixedLenFeature([], tf.int64),
+    }
+    if word_tags:
+        features[shards.WORD_CONTINUES] = tf.io.RaggedFeature(tf.int64)
+    parsed = tf.io.parse_single_example(serialized, features)
+    token_ids = tf.cast(parsed["token_ids"], tf.int32)
+    if word_tags:
+        token_ids = masking.tag_words(token_ids, parsed[shards.WORD_CONTINUES])
     return {
-        "token_ids": tf.cast(parsed["token_ids"], tf.int32),
+        "token_ids": token_ids,
         "sentence_lengths": tf.cast(parsed["sentence_lengths"], tf.int32),
         "doc_id": parsed["doc_id"],
     }

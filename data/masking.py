@@ -13,6 +13,9 @@ For one formatted row (input_ids [L], input_mask [L]):
   n ~ p(n) proportional to 1/n over n in 1..3 consecutive candidate words, cut short at the
   last candidate word (ALBERT draws n before slicing `cand_indexes[idx:idx+n]`), shortened
   while it overshoots the count, skipped if it still overshoots or overlaps an earlier n-gram;
+- words: a token whose vocabulary entry starts a word ("##" rule) begins one, except where
+  the shards carry a segmenter's words (Chinese: `data.preprocess --word_segmenter`,
+  data/word_segmentation.py), whose continuing characters join the word before them;
 - of the chosen: 80% become [MASK], 10% a random id, 10% unchanged (the original's two
   coin flips: p(mask)=0.8, then 0.5/0.5 keep vs random). The random id is uniform over
   [0, vocab_size) (BERT, ALBERT: `rng.randint(0, len(vocab_words) - 1)`) minus the
@@ -42,6 +45,10 @@ import tensorflow as tf
 from data.pipeline_config import MASKING_UNITS
 
 MAX_NGRAM = 3  # ALBERT's --ngram default
+# A segmenter's words on the ids (`tag_words`, `untag_words`): bit 30 of a token's id marks a
+# token that continues a word. Vocabularies are far smaller than 2**30 ids.
+WORD_TAG = 1 << 30
+WORD_CONTINUES = "word_continues"  # [L] bool: the row key `untag_words` adds and masking removes
 
 
 def random_exclude_ids(tokenizer_kind: str | None, special_ids: Mapping[str, int]) -> tuple[int, ...]:
@@ -80,7 +87,8 @@ def mask_tokens(
     """Applies BERT MLM masking to one row.
 
     Args:
-      row: input_ids [L] int32, input_mask [L] int32 (other keys pass through).
+      row: input_ids [L] int32, input_mask [L] int32, optionally WORD_CONTINUES [L] bool
+        (see word_starts; not passed on); other keys pass through.
       seed: [2] int64 stateless seed for this row.
       vocab_size: random replacements are drawn uniformly from [0, vocab_size), less
         `random_exclude_ids`.
@@ -92,7 +100,8 @@ def mask_tokens(
       masking_unit: "token", "whole_word" or "ngram" (module docstring).
       word_starts: [vocab_size] bool, True for ids that begin a word (the tokenizer's
         `word_start_mask()`); required for "whole_word" and "ngram". A candidate that
-        follows a non-candidate ([CLS], [SEP]) always begins a word.
+        follows a non-candidate ([CLS], [SEP]) always begins a word; a token that continues
+        a segmenter's word (row[WORD_CONTINUES] [L] bool, `untag_words`; optional) never does.
       random_exclude_ids: ids a random replacement never takes (`random_exclude_ids()`: the
         tokenizer family decides). Empty: the whole vocab, the same draws as before.
 
@@ -126,9 +135,8 @@ def mask_tokens(
                 f"masking_unit={masking_unit!r} needs word_starts (the tokenizer's word_start_mask())"
             )
         covered = _choose_words(
-            input_ids,
             candidate,
-            word_starts,
+            _starts_word(row, word_starts),
             num_to_predict,
             seeds[0],
             max_ngram=MAX_NGRAM if masking_unit == "ngram" else 1,
@@ -150,7 +158,7 @@ def mask_tokens(
     masked_input = tf.tensor_scatter_nd_update(input_ids, valid_positions[:, None], valid_replacement)
 
     pad = max_predictions_per_seq - k
-    out = dict(row)
+    out = {key: value for key, value in row.items() if key != WORD_CONTINUES}
     out["input_ids"] = masked_input
     out["masked_lm_positions"] = tf.pad(positions, [[0, pad]])
     out["masked_lm_ids"] = tf.pad(tf.where(is_prediction, original, 0), [[0, pad]])
@@ -177,12 +185,44 @@ def _candidates(row: Mapping[str, tf.Tensor], never_mask_ids: Sequence[int]) -> 
     return candidate
 
 
-def _words(input_ids: tf.Tensor, candidate: tf.Tensor, word_starts: tf.Tensor):
+def untag_words(row: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """The row's input_ids without `WORD_TAG`, and `word_continues` [L] bool: where it was.
+
+    The tag is the segmenter's words riding on the ids (data/word_segmentation.py): set on
+    each token that continues a word when the record is parsed (`tag_words`), it travels
+    with its token through chunking, truncation, pairing and packing, which move ids and
+    never read them, and comes off here, before masking reads the ids."""
+    ids = row["input_ids"]
+    return dict(
+        row,
+        input_ids=tf.bitwise.bitwise_and(ids, WORD_TAG - 1),
+        **{WORD_CONTINUES: tf.not_equal(tf.bitwise.bitwise_and(ids, WORD_TAG), 0)},
+    )
+
+
+def tag_words(token_ids: tf.Tensor, word_continues: tf.Tensor) -> tf.Tensor:
+    """token_ids [T] int32 with `WORD_TAG` set at the positions `word_continues` [C] int."""
+    positions = tf.cast(word_continues, tf.int32)[:, None]
+    tags = tf.scatter_nd(positions, tf.fill(tf.shape(positions)[:1], WORD_TAG), tf.shape(token_ids))
+    return tf.bitwise.bitwise_or(token_ids, tags)
+
+
+def _starts_word(row: Mapping[str, tf.Tensor], word_starts: tf.Tensor) -> tf.Tensor:
+    """[L] bool: the row's tokens whose id begins a word (word_starts [vocab_size] bool, the
+    vocabulary's rule) and that do not continue a segmenter's word (`WORD_CONTINUES`)."""
+    starts = tf.gather(tf.cast(word_starts, tf.bool), row["input_ids"])
+    if WORD_CONTINUES in row:
+        starts = starts & ~row[WORD_CONTINUES]
+    return starts
+
+
+def _words(candidate: tf.Tensor, starts_word: tf.Tensor):
     """The candidates' words: (word_of [L] int32, the word index of each candidate token;
     num_words [] int32; segment [L] int32, word_of with non-candidates in a spare segment
-    num_words). A word begins at a word-start id or at a candidate after a non-candidate."""
+    num_words). A word begins at a token that starts one (starts_word [L] bool) or at a
+    candidate after a non-candidate."""
     prev_candidate = tf.concat([[False], candidate[:-1]], axis=0)
-    starts = candidate & (tf.gather(tf.cast(word_starts, tf.bool), input_ids) | ~prev_candidate)
+    starts = candidate & (starts_word | ~prev_candidate)
     word_of = tf.cumsum(tf.cast(starts, tf.int32)) - 1
     num_words = tf.reduce_sum(tf.cast(starts, tf.int32))
     return word_of, num_words, tf.where(candidate, word_of, num_words)
@@ -205,9 +245,8 @@ def _first_positions(covered: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def _choose_words(
-    input_ids: tf.Tensor,
     candidate: tf.Tensor,
-    word_starts: tf.Tensor,
+    starts_word: tf.Tensor,
     num_to_predict: tf.Tensor,
     seed: tf.Tensor,
     *,
@@ -219,7 +258,7 @@ def _choose_words(
     how many tokens are already covered (as in the originals); it stops once the count
     is reached, so it runs about as many iterations as words get masked.
     """
-    word_of, num_words, segment = _words(input_ids, candidate, word_starts)
+    word_of, num_words, segment = _words(candidate, starts_word)
     word_len = tf.math.unsorted_segment_sum(tf.cast(candidate, tf.int32), segment, num_words + 1)[:num_words]
     seeds = tf.random.experimental.stateless_split(seed, num=2)
     order = tf.argsort(tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[0]))
@@ -311,7 +350,8 @@ def mask_spans(
     [spans x targets] array is needed.
 
     Args:
-      row: input_ids [L] int32, input_mask [L] int32 (other keys pass through).
+      row: input_ids [L] int32, input_mask [L] int32, optionally WORD_CONTINUES [L] bool
+        (`mask_tokens`; not passed on); other keys pass through.
       seed: [2] int64 stateless seed for this row.
       mask_id: id of [MASK]. never_mask_ids: [CLS], [SEP] (padding is excluded by input_mask).
       masked_lm_prob: 0.15. max_predictions_per_seq: P, the padded length of the outputs.
@@ -333,9 +373,8 @@ def mask_spans(
     seed = tf.cast(seed, tf.int64)
     candidate = _candidates(row, never_mask_ids)
     covered = _choose_spans(
-        input_ids,
         candidate,
-        word_starts,
+        _starts_word(row, word_starts),
         _span_budget(candidate, masked_lm_prob, k),
         tf.random.experimental.stateless_fold_in(seed, 0),
         geometric_p=geometric_p,
@@ -349,7 +388,7 @@ def mask_spans(
     slots = functools.partial(
         _at_slots, positions=positions, is_prediction=is_prediction, size=max_predictions_per_seq
     )
-    out = dict(row)
+    out = {key: value for key, value in row.items() if key != WORD_CONTINUES}
     out["input_ids"] = _replace_spans(input_ids, covered, span, seed, mask_id, unigram_counts)
     out["masked_lm_positions"] = tf.pad(positions, [[0, max_predictions_per_seq - k]])
     out["masked_lm_ids"] = slots(input_ids, tf.int32)
@@ -444,9 +483,8 @@ def _unigram_ids(seed: tf.Tensor, n: int, counts: tf.Tensor) -> tf.Tensor:
 
 
 def _choose_spans(
-    input_ids: tf.Tensor,
     candidate: tf.Tensor,
-    word_starts: tf.Tensor,
+    starts_word: tf.Tensor,
     budget: tf.Tensor,
     seed: tf.Tensor,
     *,
@@ -462,9 +500,9 @@ def _choose_spans(
     word). One iteration per drawn span, each with its own stateless draws (seed folded with the
     iteration), so the loop is a pure function of (row, seed).
     """
-    length = input_ids.shape[0]
+    length = candidate.shape[0]
     position = tf.range(length)
-    word_of, num_words, segment = _words(input_ids, candidate, word_starts)
+    word_of, num_words, segment = _words(candidate, starts_word)
     run_segment = _run_segments(candidate)  # runs of consecutive candidates: one segment each
     word_first = tf.math.unsorted_segment_min(position, segment, num_words + 1)[:num_words]
     word_end = tf.math.unsorted_segment_max(position, segment, num_words + 1)[:num_words] + 1

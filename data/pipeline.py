@@ -48,8 +48,8 @@ import os
 import tensorflow as tf
 
 from core.errors import ConfigError
-from data import instances, masking, pair_layout, shards, tokenizers, xlnet_stream
-from data.pipeline_config import PipelineConfig
+from data import instances, masking, pair_layout, shards, tokenizers, word_segmentation, xlnet_stream
+from data.pipeline_config import WORD_UNITS, PipelineConfig
 from data.shards import Vocab
 
 _SALT_DOC = 11
@@ -157,6 +157,7 @@ def _pass_documents(
     process_index: int,
     process_count: int,
     stream: tuple[int, tf.Tensor] | None = None,
+    word_tags: bool = False,
 ) -> tf.data.Dataset:
     """One pass over the files: parsed documents, each tagged with `epoch` ([] int64).
 
@@ -167,6 +168,7 @@ def _pass_documents(
     (index + epoch) % streams (before the block shuffle, which then buffers `block` of this
     stream's documents): the streams read disjoint documents in each pass, and turn by
     turn every document when there are fewer documents than streams.
+    word_tags: the segmenter's words ride on the ids (`instances.parse_document`).
     """
     names = tf.constant(files)
     if shuffle_files and len(files) > 1:
@@ -188,7 +190,7 @@ def _pass_documents(
         ds = _block_shuffle(ds, block, instances.derive_seed(order_seed, _SALT_BLOCKS))
 
     def parse(record):
-        return dict(instances.parse_document(record), epoch=epoch)
+        return dict(instances.parse_document(record, word_tags), epoch=epoch)
 
     return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -211,6 +213,7 @@ def instance_stream(
     process_count: int = 1,
     word_starts=None,
     unigram_counts=None,
+    word_tags: bool = False,
 ) -> tf.data.Dataset:
     """Endless stream of masked rows (unbatched) from these files; see the module docstring.
 
@@ -220,6 +223,7 @@ def instance_stream(
     word_starts: [vocab_size] bool (the tokenizer's `word_start_mask()`), needed for
     masking_unit "whole_word" / "ngram" / "span".
     unigram_counts: [vocab_size] int64 training-token counts (the manifest's), needed for "span".
+    word_tags: the records' segmenter words join the masking's words (`word_tags`).
     """
     if config.masking_unit != "token" and word_starts is None:
         raise ValueError(f"masking_unit={config.masking_unit!r} needs word_starts [vocab_size] bool")
@@ -232,10 +236,12 @@ def instance_stream(
             shard_documents=shard_documents,
             process_index=process_index,
             process_count=process_count,
+            word_tags=word_tags,
         ),
         config,
         vocab,
         shuffle=shuffle,
+        word_tags=word_tags,
         word_starts=None if word_starts is None else tf.constant(word_starts, tf.bool),
         unigram_counts=None if unigram_counts is None else tf.constant(unigram_counts, tf.int64),
     )
@@ -254,7 +260,8 @@ class _Passes:
 
     pass_documents: `_pass_documents` with this host's files and sharding bound.
     word_starts: [vocab_size] bool, unigram_counts: [vocab_size] int64 tensors, or None
-    (`instance_stream` checks that the masking unit has what it needs).
+    (`instance_stream` checks that the masking unit has what it needs). word_tags: the
+    documents' ids carry the segmenter's words, which come off before masking.
     """
 
     def __init__(
@@ -266,8 +273,10 @@ class _Passes:
         shuffle: bool,
         word_starts,
         unigram_counts,
+        word_tags: bool = False,
     ):
         self.pass_documents = pass_documents
+        self.word_tags = word_tags
         self.config = config
         self.vocab = vocab
         self.shuffle = shuffle
@@ -309,6 +318,8 @@ class _Passes:
         """The formatted row masked as the config says (or marked maskable, "in_step"), seeded
         by the copy (static) or the epoch (dynamic), the document and the row's index in it."""
         config, vocab = self.config, self.vocab
+        if self.word_tags:
+            row = masking.untag_words(row)
         if config.masking == "in_step":
             return masking.mark_maskable(
                 row, mask_id=vocab.mask_id, never_mask_ids=(vocab.cls_id, vocab.sep_id)
@@ -547,6 +558,38 @@ def load_word_starts(data_dir: str):
     return tokenizer.word_start_mask()
 
 
+# A Chinese corpus: more of the tokens than this are single CJK characters.
+_CJK_SHARE = 0.3
+
+
+def _word_tags(manifest: shards.Manifest, config: PipelineConfig, word_starts) -> bool:
+    """Whether the masking's words take the shards' segmenter words (a masking unit of words,
+    and shards preprocessed with --word_segmenter). Shards without them: a one-line error
+    when the config requires them, and a warning when the text is Chinese (each character
+    would be its own word)."""
+    by_words = config.masking_unit in WORD_UNITS and config.format != "xlnet_stream"
+    if manifest.word_segmenter is not None:
+        return by_words
+    if config.require_word_segmenter:
+        raise ConfigError(
+            f"PipelineConfig.require_word_segmenter: the shards in {manifest.directory} have no segmenter's "
+            "words: preprocess them with --word_segmenter=jieba (Chinese whole-word masking)"
+        )
+    if by_words and shards.UNIGRAM_COUNTS in manifest.fields:
+        tokens = tokenizers.load_tokenizer(os.path.join(manifest.directory, shards.TOKENIZER_DIR))
+        vocab = [tokens.id_to_token(i) for i in range(len(word_starts))]
+        share = word_segmentation.cjk_token_share(vocab, manifest.unigram_counts())
+        if share > _CJK_SHARE:
+            logging.warning(
+                "masking_unit=%r on shards whose tokens are %.0f%% single CJK characters, made without a "
+                "word segmenter: every character is its own word, so this is character masking. For Chinese "
+                "whole-word masking preprocess with --word_segmenter=jieba",
+                config.masking_unit,
+                100 * share,
+            )
+    return False
+
+
 # AutoGraph off for everything built here (the maps, scans and flat_maps of every stage
 # capture this): the row functions branch only on Python values, so converting their source
 # changes nothing but costs about 1.5 s of every dataset build on 2 cores (same rows, by the
@@ -578,6 +621,7 @@ def make_dataset(
     vocab = manifest.vocab
     xlnet = config.format == "xlnet_stream"
     word_starts = None if config.masking_unit == "token" and not xlnet else load_word_starts(data_dir)
+    word_tags = _word_tags(manifest, config, word_starts)
     unigram_counts = manifest.unigram_counts() if config.masking_unit == "span" else None
     files, shard_documents = host_files(
         data_dir, split, process_index, process_count, rows=batch_size if xlnet else 1
@@ -609,5 +653,6 @@ def make_dataset(
         process_count=process_count,
         word_starts=word_starts,
         unigram_counts=unigram_counts,
+        word_tags=word_tags,
     )
     return ds.batch(batch_size, drop_remainder=True).prefetch(2).with_options(options)

@@ -13,6 +13,7 @@ from core.errors import ConfigError
 from data import pair_layout
 
 MASKING_UNITS = ("token", "whole_word", "ngram", "span")  # data/masking.py's units
+WORD_UNITS = ("whole_word", "ngram", "span")  # the units made of words
 
 # "static": masks drawn from the copy (epoch % dupe_factor), as the original's offline
 # copies; "dynamic": fresh masks every pass (RoBERTa); "in_step": the pipeline does not mask,
@@ -55,6 +56,10 @@ class PipelineConfig:
     masking_unit: "token", "whole_word", "ngram" or "span" (data/masking.py; "span" is
     SpanBERT's, shaped by span_geometric_p, span_max_words and sbo_max_targets, and draws its
     random tokens from the shards' unigram counts).
+    require_word_segmenter: the masking's words must be a word segmenter's (Chinese whole-word
+    masking: shards preprocessed with --word_segmenter, data/word_segmentation.py); shards
+    without them are a one-line error. Such shards' words are used whenever the unit is made
+    of words, required or not.
     pack_examples: DOC-SENTENCES packs short rows (True, our default: no padding compute);
     False keeps one example per row, as SpanBERT's blocks.
     max_predictions_per_seq: None derives it from the length and rate
@@ -86,6 +91,7 @@ class PipelineConfig:
     span_geometric_p: float = 0.2  # SpanBERT: P(l words) ~ p (1 - p)^(l - 1) ...
     span_max_words: int = 10  # ... for l = 1..10, renormalised (mean 3.8 words)
     sbo_max_targets: int = 15  # span boundary objective targets per span
+    require_word_segmenter: bool = False
     pack_examples: bool = True
     reuse_len: int = 0
     bi_data: bool = False
@@ -125,6 +131,11 @@ class PipelineConfig:
         if self.masking_unit not in MASKING_UNITS:
             raise ConfigError(
                 f"PipelineConfig.masking_unit must be one of {MASKING_UNITS}, got {self.masking_unit!r}"
+            )
+        if self.require_word_segmenter and self.masking_unit not in WORD_UNITS:
+            raise ConfigError(
+                "PipelineConfig.require_word_segmenter needs words to mask: set PipelineConfig.masking_unit "
+                f"to one of {WORD_UNITS} (got {self.masking_unit!r})"
             )
         if not 0 < self.span_geometric_p <= 1 or self.span_max_words < 1 or self.sbo_max_targets < 1:
             raise ConfigError(

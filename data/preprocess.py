@@ -57,7 +57,7 @@ import tensorflow as tf
 
 from core import cli
 from core.errors import Interrupted, UserError
-from data import corpora, record_corpora, shards, tokenizers
+from data import corpora, record_corpora, shards, tokenizers, word_segmentation
 
 _BATCH_DOCUMENTS = 64
 _UNSORTED = ".unsorted"
@@ -97,8 +97,15 @@ class DocumentBatch(NamedTuple):
     keys: list[tuple[int, int]]
 
 
-# One tokenized document: (doc_id, each sentence's ids, empty sentences dropped).
-Tokenized = tuple[int, list[list[int]], int]
+class Tokenized(NamedTuple):
+    """One tokenized document: each sentence's ids (empty sentences dropped, and counted), and
+    with a word segmenter the positions of the tokens that continue a word (in the document's
+    tokens, sentences concatenated: data/word_segmentation.py)."""
+
+    doc_id: int
+    sentences: list[list[int]]
+    dropped: int
+    word_continues: list[int]
 
 
 class ShardWriter:
@@ -141,7 +148,7 @@ class ShardWriter:
     def write(self, batch: DocumentBatch, tokenized: Sequence[Tokenized]) -> None:
         """Writes and counts one batch's documents (a document without tokens is only counted)."""
         train_ids = []
-        for (doc_id, sentences, dropped), is_eval, source, key in zip(
+        for (doc_id, sentences, dropped, continues), is_eval, source, key in zip(
             tokenized, batch.heldout, batch.sources, batch.keys
         ):
             self.dropped_sentences += dropped
@@ -150,7 +157,7 @@ class ShardWriter:
                 continue
             split = "eval" if is_eval else "train"
             self._count(split, sentences, source)
-            self._write_document(split, doc_id, sentences, key)
+            self._write_document(split, doc_id, sentences, continues, key)
             if split == "train":
                 train_ids.extend(t for sentence in sentences for t in sentence)
         # One bincount per batch of documents: a [vocab] array per document would cost more.
@@ -166,13 +173,13 @@ class ShardWriter:
             self.first_single = self.first_single or source
 
     def _write_document(
-        self, split: str, doc_id: int, sentences: list[list[int]], key: tuple[int, int]
+        self, split: str, doc_id: int, sentences: list[list[int]], continues: list[int], key: tuple[int, int]
     ) -> None:
         shard_key, order = key
         shard = shard_key % self.num_shards[split]
         self.per_shard[split][shard] += 1
         self._writers[split][shard].write(
-            _KEY.pack(order, doc_id) + shards.encode_document(doc_id, sentences)
+            _KEY.pack(order, doc_id) + shards.encode_document(doc_id, sentences, continues)
         )
 
     def forget(self, path: str, dropped: Duplicates) -> None:
@@ -245,22 +252,49 @@ def _fingerprint(corpus: str, tokenizer_identity: dict, flags: dict) -> str:
 
 
 _worker_tokenizer = None
+_worker_segmenter = None
 
 
-def _init_worker(tokenizer_path: str) -> None:
-    global _worker_tokenizer
+def _init_worker(tokenizer_path: str, word_segmenter: str | None = None) -> None:
+    global _worker_tokenizer, _worker_segmenter
     _worker_tokenizer = tokenizers.load_tokenizer(tokenizer_path)
+    _worker_segmenter = None if word_segmenter is None else word_segmentation.segmenter(word_segmenter)
 
 
 def _tokenize_batch(documents: Sequence[tuple[int, list[str]]]) -> list[Tokenized]:
-    """Tokenizes documents in a worker. Returns (doc_id, sentences' ids, empty sentences dropped)."""
+    """Tokenizes documents in a worker (and finds their words, with a segmenter)."""
+    if _worker_segmenter is not None:
+        return _tokenize_segmented(documents)
     # encode_documents, not each sentence alone: byte-level BPE gives a sentence after the
     # first its joining space ("ĠThe"), as fairseq encodes whole lines.
     encoded = _worker_tokenizer.encode_documents([sentences for _, sentences in documents])
     out = []
     for (doc_id, _), ids in zip(documents, encoded):
         kept = [s for s in ids if s]
-        out.append((doc_id, kept, len(ids) - len(kept)))
+        out.append(Tokenized(doc_id, kept, len(ids) - len(kept), []))
+    return out
+
+
+def _tokenize_segmented(documents: Sequence[tuple[int, list[str]]]) -> list[Tokenized]:
+    """`_tokenize_batch` with the segmenter's words: each sentence's tokens and their character
+    offsets (WordPiece: a sentence alone gives the pieces it gives in the document), then the
+    tokens that continue a word, as positions in the document's kept tokens."""
+    encoded = iter(
+        _worker_tokenizer.encode_batch_offsets([t for _, sentences in documents for t in sentences])
+    )
+    out = []
+    for doc_id, sentences in documents:
+        kept, continues, dropped, first = [], [], 0, 0
+        for text in sentences:
+            ids, offsets = next(encoded)
+            if not ids:
+                dropped += 1
+                continue
+            inner = word_segmentation.inner_characters(text, _worker_segmenter.words(text))
+            continues += [first + i for i in word_segmentation.continuing_tokens(text, offsets, inner)]
+            kept.append(ids)
+            first += len(ids)
+        out.append(Tokenized(doc_id, kept, dropped, continues))
     return out
 
 
@@ -347,10 +381,10 @@ def _tokens(document_record: bytes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _tokenize_and_sort_here(
-    batches: Iterator[DocumentBatch], writer: ShardWriter, tokenizer_path: str
+    batches: Iterator[DocumentBatch], writer: ShardWriter, tokenizer_path: str, word_segmenter: str | None
 ) -> None:
     """`--num_workers=1`: tokenizes and sorts in this process (a worker would only add its start-up)."""
-    _init_worker(tokenizer_path)
+    _init_worker(tokenizer_path, word_segmenter)
     for batch in batches:
         writer.write(batch, _tokenize_batch(batch.documents))
     writer.close()
@@ -367,13 +401,13 @@ class _Workers:
     `WorkerDiedError` line naming the work that was lost.
     """
 
-    def __init__(self, num_workers: int, tokenizer_path: str):
+    def __init__(self, num_workers: int, tokenizer_path: str, word_segmenter: str | None = None):
         self.num_workers = num_workers
         self._pool = futures.ProcessPoolExecutor(
             num_workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(tokenizer_path,),
+            initargs=(tokenizer_path, word_segmenter),
         )
         # Ctrl-C reaches every process of the terminal's group: the workers (which inherit a
         # blocked SIGINT through exec, and keep it blocked) leave it to this process, which
@@ -444,14 +478,18 @@ class _Workers:
 
 
 def _write_shards(
-    batches: Iterator[DocumentBatch], writer: ShardWriter, num_workers: int, tokenizer_path: str
+    batches: Iterator[DocumentBatch],
+    writer: ShardWriter,
+    num_workers: int,
+    tokenizer_path: str,
+    word_segmenter: str | None = None,
 ) -> None:
     """Tokenizes the batches into the writer's unsorted files, closes them and sorts every shard."""
     try:
         if num_workers == 1:
-            _tokenize_and_sort_here(batches, writer, tokenizer_path)
+            _tokenize_and_sort_here(batches, writer, tokenizer_path, word_segmenter)
         else:
-            with _Workers(num_workers, tokenizer_path) as workers:
+            with _Workers(num_workers, tokenizer_path, word_segmenter) as workers:
                 workers.tokenize(batches, writer)
                 writer.close()
                 workers.sort(writer)
@@ -540,7 +578,12 @@ def _check_counts(
 
 
 def _manifest_fields(
-    fingerprint: str, corpus: str, tokenizer: tokenizers.Tokenizer, writer: ShardWriter, seconds: float
+    fingerprint: str,
+    corpus: str,
+    tokenizer: tokenizers.Tokenizer,
+    writer: ShardWriter,
+    seconds: float,
+    word_segmenter: dict | None,
 ) -> dict:
     """manifest.json's fields (shards.Manifest reads them)."""
     return {
@@ -557,9 +600,24 @@ def _manifest_fields(
             "mask": tokenizer.mask_id,
             **({} if tokenizer.eod_id is None else {"eod": tokenizer.eod_id}),
         },
+        **({} if word_segmenter is None else {shards.WORD_SEGMENTER: word_segmenter}),
         **writer.manifest_counts(),
         "seconds": seconds,
     }
+
+
+def _segmenter_identity(name: str, tokenizer: tokenizers.Tokenizer) -> dict:
+    """The identity of the segmenter called `name`, once the tokenizer is known to take one: a
+    WordPiece tokenizer, whose pieces of CJK text are single characters with their offsets."""
+    identity = tokenizer.identity()
+    kind = identity.get("follows", identity["kind"])
+    if kind != "wordpiece":
+        raise PreprocessError(
+            f"--word_segmenter finds Chinese words for BERT's WordPiece tokenizer (a token per character), "
+            f"and this tokenizer is {kind!r}: use a WordPiece vocabulary (python -m data.tokenizers "
+            "train --kind=wordpiece), or leave --word_segmenter out"
+        )
+    return word_segmentation.segmenter(name).identity()
 
 
 def _check_options(
@@ -590,13 +648,21 @@ def preprocess(
     shuffle_seed: int = 0,
     overwrite: bool = False,
     keep_duplicates: bool = False,
+    word_segmenter: str | None = None,
     corpus_kwargs: dict | None = None,
     log=print,
 ) -> shards.Manifest:
-    """Writes the shards and the manifest; returns the manifest. See the module docstring."""
+    """Writes the shards and the manifest; returns the manifest. See the module docstring.
+
+    word_segmenter: a name of data/word_segmentation.py's SEGMENTERS ("jieba"): each record
+    also lists the tokens that continue a segmented Chinese word (whole-word masking's
+    words); WordPiece tokenizers only."""
     _check_options(num_shards, num_eval_shards, eval_fraction, num_workers)
     corpus_kwargs = corpus_kwargs or {}
     tokenizer = tokenizers.load_tokenizer(tokenizer_path)
+    segmenter_identity = None
+    if word_segmenter is not None:
+        segmenter_identity = _segmenter_identity(word_segmenter, tokenizer)
     options = dict(
         num_shards=num_shards,
         num_eval_shards=num_eval_shards,
@@ -611,6 +677,8 @@ def preprocess(
     )
     if splitter is not None:  # shards of another splitter (or version) are never taken as these
         options["splitter"] = splitter
+    if segmenter_identity is not None:  # the same for the word segmenter
+        options["word_segmenter"] = json.dumps(segmenter_identity, sort_keys=True)
     fingerprint = _fingerprint(corpus, tokenizer.identity(), options)
     existing = _existing_output(output, fingerprint, overwrite, log)
     if existing is not None:
@@ -623,10 +691,12 @@ def preprocess(
     )
     try:
         batches = _document_batches(corpus, eval_fraction, shuffle_seed, corpus_kwargs)
-        _write_shards(batches, writer, num_workers or max(1, min(os.cpu_count() or 1, 8)), tokenizer_path)
+        workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
+        _write_shards(batches, writer, workers, tokenizer_path, word_segmenter)
         _check_counts(writer, corpus, eval_fraction, max_single_sentence_fraction, log)
         tokenizer.save(os.path.join(output, shards.TOKENIZER_DIR))
-        manifest = _manifest_fields(fingerprint, corpus, tokenizer, writer, round(time.time() - start, 1))
+        seconds = round(time.time() - start, 1)
+        manifest = _manifest_fields(fingerprint, corpus, tokenizer, writer, seconds, segmenter_identity)
         shards.write_manifest(output, manifest)
     except BaseException as e:
         # No manifest: what was written is no output. Leave none of it beside a later run's.
@@ -698,6 +768,12 @@ def build_parser():
         help="keep documents whose text repeats an earlier one (dropped by default; counted in the manifest)",
     )
     parser.add_argument(
+        "--word_segmenter",
+        choices=sorted(word_segmentation.SEGMENTERS),
+        default=None,
+        help="find Chinese words for whole-word masking (Chinese-BERT-wwm); WordPiece tokenizers only",
+    )
+    parser.add_argument(
         "--overwrite", action="store_true", help="replace shards made from other inputs in --output"
     )
     return parser
@@ -717,6 +793,7 @@ def _run(args) -> None:
         num_workers=args.num_workers,
         overwrite=args.overwrite,
         keep_duplicates=args.keep_duplicates,
+        word_segmenter=args.word_segmenter,
         max_single_sentence_fraction=args.max_single_sentence_fraction,
         shuffle_seed=args.shuffle_seed,
         corpus_kwargs=corpus_kwargs,

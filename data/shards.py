@@ -15,6 +15,9 @@ Each record has the features
     token_ids         int64 list   all tokens of the document, sentences concatenated
     sentence_lengths  int64 list   tokens per sentence (all > 0)
     doc_id            int64        position of the document in the corpus (unique)
+    word_continues    int64 list   with --word_segmenter only: positions in token_ids of the
+                                   tokens that continue a segmented word (data/word_segmentation.py);
+                                   the manifest's `word_segmenter` names the segmenter
 (parsed back by `data.instances.parse_document`).
 
 `load_manifest` is the one reader of manifest.json: every stage (pipeline, trainer,
@@ -37,6 +40,8 @@ from data import masking
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
+WORD_CONTINUES = "word_continues"  # the record feature
+WORD_SEGMENTER = "word_segmenter"  # the manifest field: the segmenter's identity
 
 
 class ShardsError(UserError):
@@ -47,8 +52,11 @@ def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 
 
-def encode_document(doc_id: int, sentences: Sequence[Sequence[int]]) -> bytes:
-    """One document record: sentences are lists of token ids (each non-empty)."""
+def encode_document(
+    doc_id: int, sentences: Sequence[Sequence[int]], word_continues: Sequence[int] = ()
+) -> bytes:
+    """One document record: sentences are lists of token ids (each non-empty); word_continues
+    the positions of the tokens that continue a word (written only when there are some)."""
     feature = {
         "token_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[t for s in sentences for t in s])),
         "sentence_lengths": tf.train.Feature(
@@ -56,6 +64,8 @@ def encode_document(doc_id: int, sentences: Sequence[Sequence[int]]) -> bytes:
         ),
         "doc_id": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc_id])),
     }
+    if word_continues:
+        feature[WORD_CONTINUES] = tf.train.Feature(int64_list=tf.train.Int64List(value=word_continues))
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
@@ -120,6 +130,12 @@ class Manifest:
             random_exclude_ids=masking.random_exclude_ids(self.tokenizer.get("kind"), ids),
             eod_id=ids.get("eod"),
         )
+
+    @property
+    def word_segmenter(self) -> dict[str, Any] | None:
+        """The identity of the segmenter whose words the records list (`word_continues`), or
+        None: shards made without --word_segmenter."""
+        return self.fields.get(WORD_SEGMENTER)
 
     def unigram_counts(self) -> np.ndarray:
         """[vocab_size] int64: how often each id occurs in the train split."""

@@ -134,6 +134,7 @@ GRIDS = {
     "albert_embedding": {"64", "128", "256", "768"},
     "masking_unit": {"token", "whole_word", "ngram", "span", "span_sbo"},
     "electra_vs_mlm": {"electra", "mlm", "deberta_v3"},
+    "chinese_masking": {"character", "whole_word"},
 }
 
 
@@ -177,3 +178,9 @@ def test_every_ablation_arm_builds_on_its_base_and_differs(grid):
         objectives = {name: objective for name, (_, _, objective) in built.items()}
         assert objectives.pop("span_sbo") == "SpanBoundary" and set(objectives.values()) == {"MaskedLM"}
         assert built["span"][1].masking_unit == built["span_sbo"][1].masking_unit == "span"
+    if grid == "chinese_masking":
+        assert built["character"][1].masking_unit == "token"
+        assert (
+            built["whole_word"][1].require_word_segmenter
+            and built["whole_word"][1].masking_unit == "whole_word"
+        )

@@ -264,9 +264,16 @@ class PipelineTable(VocabTable):
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        # encode_batch_fast skips computing character offsets, which nothing here needs.
+        # encode_batch_fast skips computing character offsets, which only a word segmenter needs.
         encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
         return [e.ids for e in encodings]
+
+    def encode_batch_offsets(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Each text's ids and each token's (start, end) character offsets in the text (a
+        token made by normalisation, as a lowercased or accent-stripped letter, keeps the
+        offsets of the characters it came from)."""
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [(e.ids, e.offsets) for e in encodings]
 
 
 # How a tokenizer loads from a directory whose tokenizer_config.json names its kind:

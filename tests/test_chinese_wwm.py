@@ -1,0 +1,242 @@
+"""Chinese whole-word masking (data/word_segmentation.py): a character vocabulary, the
+segmenter's words in the shards, and masking that takes every character of a chosen word.
+
+The corpus is made here: sentences of dictionary words joined by "，", so that every word is
+known (the segmenter cannot join two across the comma) and a row's words can be read off
+its tokens."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from core.errors import ConfigError
+from data import instances, masking, pipeline, preprocess, shards, tokenizers, word_segmentation
+from data.pipeline_config import PipelineConfig
+
+# Words of jieba's dictionary, each segmented as one word (asserted below), 1 to 7 characters.
+WORDS = (
+    "北京大学", "学习", "手机", "中华人民共和国", "经济", "发展", "研究", "我们", "今天",
+    "天气", "非常", "重要", "问题", "社会", "科学", "技术", "历史", "文化", "语言", "模型",
+    "的", "是", "人",
+)  # fmt: skip
+
+
+def _documents(count: int, seed: int) -> list[list[str]]:
+    """`count` documents of 3 to 6 sentences, each 4 to 9 words joined by "，" and ended by "。"."""
+    rng = np.random.default_rng(seed)
+    return [
+        ["，".join(rng.choice(WORDS, rng.integers(4, 10))) + "。" for _ in range(rng.integers(3, 7))]
+        for _ in range(count)
+    ]
+
+
+# Chinese, mixed Chinese and English, full-width punctuation, digits and letters.
+PARITY_TEXTS = (
+    "北京大学的学生在学习语言模型。",
+    "我们用GPT-4和BERT-base做了3个实验，准确率是97.5%。",
+    "全角标点：“你好！”（测试）；【注意】……１２３ＡＢＣ，半角,标点.",
+)
+
+
+@pytest.fixture(scope="module")
+def chinese(tmp_path_factory):
+    """(the corpus file, the tokenizer directory): 240 documents, and a WordPiece vocabulary
+    trained on them and on PARITY_TEXTS (so that none of their characters is unknown)."""
+    base = tmp_path_factory.mktemp("chinese")
+    docs = _documents(240, seed=0)
+    corpus = base / "corpus.txt"
+    corpus.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
+    tokenizers.train_wordpiece([*docs, PARITY_TEXTS], 300).save(str(base / "tokenizer"))
+    return str(corpus), str(base / "tokenizer")
+
+
+def _preprocess(chinese, output, **kwargs):
+    corpus, tokenizer = chinese
+    return preprocess.preprocess(
+        corpus,
+        tokenizer,
+        str(output),
+        num_shards=2,
+        eval_fraction=0.1,
+        num_workers=1,
+        log=lambda _: None,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def segmented(chinese, tmp_path_factory):
+    return _preprocess(chinese, tmp_path_factory.mktemp("segmented"), word_segmenter="jieba")
+
+
+@pytest.fixture(scope="module")
+def unsegmented(chinese, tmp_path_factory):
+    return _preprocess(chinese, tmp_path_factory.mktemp("unsegmented"))
+
+
+def test_the_words_are_the_dictionarys():
+    text = "，".join(WORDS)
+    words = [text[s:e] for s, e in word_segmentation.segmenter("jieba").words(text)]
+    assert [w for w in words if w != "，"] == list(WORDS)
+
+
+def test_a_chinese_vocabulary_has_characters_as_units(chinese):
+    tokenizer = tokenizers.load_tokenizer(chinese[1])
+    characters = {c for w in WORDS for c in w}
+    vocab = {tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)}
+    assert characters <= vocab
+    # BERT's tokenizer spaces out CJK characters: no piece holds two, and no "##" piece one.
+    assert not any(len(t.removeprefix("##")) > 1 and word_segmentation.is_cjk_ideograph(t[-1]) for t in vocab)
+    assert tokenizer.encode("中华人民共和国") == [tokenizer.token_to_id(c) for c in "中华人民共和国"]
+
+
+def test_only_the_later_characters_of_all_chinese_words_continue_them():
+    """run_chinese_ref.py's rule: words of 2+ characters, all CJK ideographs; "GPT4", "2019",
+    "iPhone" and one-character words continue nothing, nor does punctuation."""
+    tokenizer = tokenizers.WordPieceTokenizer(
+        [
+            "[PAD]",
+            "[UNK]",
+            "[CLS]",
+            "[SEP]",
+            "[MASK]",
+            *"我在北京大学习和手机，年的预测概率。",
+            "gp",
+            "##t",
+            "##4",
+            "iphone",
+            "2019",
+        ],
+        lowercase=True,
+    )
+    text = "我在北京大学学习GPT4和iPhone手机，2019年的预测概率。"
+    [(ids, offsets)] = tokenizer.encode_batch_offsets([text])
+    inner = word_segmentation.inner_characters(text, word_segmentation.segmenter("jieba").words(text))
+    continuing = word_segmentation.continuing_tokens(text, offsets, inner)
+    assert [tokenizer.id_to_token(ids[i]) for i in continuing] == ["京", "大", "学", "习", "机", "测", "率"]
+
+
+def _records(manifest: shards.Manifest) -> list[dict]:
+    files = manifest.files("train") + manifest.files("eval")
+    parse = lambda record: instances.parse_document(record, word_tags=True)  # noqa: E731
+    return list(tf.data.TFRecordDataset(files).map(parse).as_numpy_iterator())
+
+
+def test_the_shards_list_the_segmenters_words(segmented, unsegmented, chinese):
+    tokenizer = tokenizers.load_tokenizer(chinese[1])
+    assert segmented.word_segmenter == {
+        "name": "jieba",
+        "library": "rjieba",
+        "version": "0.2.2",
+        "hmm": False,
+    }
+    assert unsegmented.word_segmenter is None
+    assert segmented.fields["fingerprint"] != unsegmented.fields["fingerprint"]
+    comma, period = tokenizer.token_to_id("，"), tokenizer.token_to_id("。")
+    for record in _records(segmented):
+        ids = record["token_ids"]
+        tagged = ids >= masking.WORD_TAG
+        tokens = ids & (masking.WORD_TAG - 1)
+        # Each run between punctuation is one word: its first character untagged, the rest tagged.
+        words = np.split(np.arange(len(ids)), np.flatnonzero(np.isin(tokens, [comma, period])))
+        for positions in words:
+            positions = positions[~np.isin(tokens[positions], [comma, period])]
+            if not len(positions):  # after the last "。"
+                continue
+            assert "".join(tokenizer.id_to_token(t) for t in tokens[positions]) in WORDS
+            assert not tagged[positions[0]] and tagged[positions[1:]].all()
+    # The same tokens either way: the words ride beside them.
+    plain = {r["doc_id"]: r["token_ids"] for r in _records(unsegmented)}
+    assert all(
+        np.array_equal(r["token_ids"] & (masking.WORD_TAG - 1), plain[r["doc_id"]])
+        for r in _records(segmented)
+    )
+    assert not any((r["token_ids"] >= masking.WORD_TAG).any() for r in _records(unsegmented))
+
+
+def _rows(manifest, unit: str, count: int = 60, **config) -> list[dict]:
+    cfg = PipelineConfig(
+        max_seq_length=64, masking_unit=unit, short_seq_prob=0.0, instance_shuffle_buffer=50, **config
+    )
+    ds = pipeline.make_dataset(manifest.directory, "train", cfg, 1)
+    return [{k: v[0] for k, v in row.items()} for row in ds.take(count).as_numpy_iterator()]
+
+
+def _word_masking(row: dict, separators: set[int]) -> list[np.ndarray]:
+    """Per word of the row (runs between punctuation and specials): which of its tokens are masked."""
+    chosen = row["masked_lm_weights"] > 0
+    masked = np.zeros(len(row["input_ids"]), bool)
+    masked[row["masked_lm_positions"][chosen]] = True
+    original = row["input_ids"].copy()
+    original[row["masked_lm_positions"][chosen]] = row["masked_lm_ids"][chosen]
+    cut = np.isin(original, list(separators))  # a masked "，" is a word of its own: left out
+    runs = np.split(np.arange(len(masked)), np.flatnonzero(cut))
+    return [masked[r[~cut[r]]] for r in runs if (~cut[r]).any()]
+
+
+def test_whole_word_masking_masks_every_character_of_a_word_and_nothing_across(segmented, chinese):
+    tokenizer = tokenizers.load_tokenizer(chinese[1])
+    separators = {tokenizer.token_to_id(t) for t in ("，", "。", "[CLS]", "[SEP]", "[PAD]")}
+
+    def split_words(unit, manifest):
+        words = [w for row in _rows(manifest, unit) for w in _word_masking(row, separators)]
+        return sum(w.any() and not w.all() for w in words), sum(w.all() for w in words)
+
+    split, whole = split_words("whole_word", segmented)
+    assert split == 0 and whole > 100
+    # Character masking on the same shards splits words: the check can fail.
+    split, _ = split_words("token", segmented)
+    assert split > 20
+
+
+def test_the_masking_rate_stays_at_15_percent(segmented):
+    rates = {}
+    for unit in ("token", "whole_word"):
+        rows = _rows(segmented, unit, count=200)
+        rates[unit] = sum(r["masked_lm_weights"].sum() for r in rows) / sum(
+            r["input_mask"].sum() for r in rows
+        )
+    # BERT's count, round(0.15 x tokens): whole words reach it unless no word left fits.
+    assert 0.145 < rates["token"] < 0.155
+    assert 0.14 < rates["whole_word"] <= rates["token"]
+
+
+def test_the_words_do_not_reach_the_model(segmented):
+    row = _rows(segmented, "whole_word", count=1)[0]
+    assert masking.WORD_CONTINUES not in row
+    assert (row["input_ids"] < masking.WORD_TAG).all() and (row["masked_lm_ids"] < masking.WORD_TAG).all()
+
+
+def test_required_words_on_shards_without_them_is_one_line(unsegmented):
+    with pytest.raises(ConfigError, match="preprocess them with --word_segmenter=jieba"):
+        _rows(unsegmented, "whole_word", count=1, require_word_segmenter=True)
+    with pytest.raises(ConfigError, match="needs words to mask"):
+        PipelineConfig(require_word_segmenter=True)
+
+
+def test_whole_words_of_chinese_without_a_segmenter_warn(unsegmented, caplog):
+    with caplog.at_level(logging.WARNING):
+        _rows(unsegmented, "whole_word", count=1)
+    assert "this is character masking" in caplog.text
+
+
+def test_a_segmenter_with_another_tokenizer_kind_is_one_line(chinese, tmp_path):
+    corpus, _ = chinese
+    tokenizers.train_bpe([["中文句子。"] * 3], 300).save(str(tmp_path / "bpe"))
+    with pytest.raises(preprocess.PreprocessError, match="for BERT's WordPiece tokenizer"):
+        preprocess.preprocess(corpus, str(tmp_path / "bpe"), str(tmp_path / "out"), word_segmenter="jieba")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", PARITY_TEXTS)
+def test_tokens_equal_transformers_bert_tokenizer_on_chinese(chinese, text):
+    from transformers import BertTokenizer
+
+    ours = tokenizers.load_tokenizer(chinese[1])
+    theirs = BertTokenizer(f"{chinese[1]}/vocab.txt", do_lower_case=True)
+    assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
+    assert ours.unk_id not in ours.encode(text)  # every character is in the vocabulary
