@@ -42,9 +42,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from data.pipeline_config import MASKING_UNITS
+from data.pipeline_config import MASKING_UNITS, REPLACEMENTS
 
-MAX_NGRAM = 3  # ALBERT's --ngram default
+# ALBERT's n-gram masking: P(n) proportional to 1/n for n = 1..3 (--ngram 3, the default).
+ALBERT_NGRAMS = tuple(float(x) for x in (1 / np.arange(1, 4)) / (1 / np.arange(1, 4)).sum())
 # A segmenter's words on the ids (`tag_words`, `untag_words`): bit 30 of a token's id marks a
 # token that continues a word. Vocabularies are far smaller than 2**30 ids.
 WORD_TAG = 1 << 30
@@ -83,6 +84,8 @@ def mask_tokens(
     masking_unit: str = "token",
     word_starts: tf.Tensor | None = None,
     random_exclude_ids: Sequence[int] = (),
+    ngram_probabilities: Sequence[float] | None = None,
+    replacement: str = "mask",
 ) -> dict[str, tf.Tensor]:
     """Applies BERT MLM masking to one row.
 
@@ -104,6 +107,10 @@ def mask_tokens(
         a segmenter's word (row[WORD_CONTINUES] [L] bool, `untag_words`; optional) never does.
       random_exclude_ids: ids a random replacement never takes (`random_exclude_ids()`: the
         tokenizer family decides). Empty: the whole vocab, the same draws as before.
+      ngram_probabilities: "ngram"'s P(n) for n = 1, 2, ... (None: `ALBERT_NGRAMS`; MacBERT:
+        0.4, 0.3, 0.2, 0.1).
+      replacement: one of REPLACEMENTS: what a chosen token becomes ("random" never draws
+        `mask_id`).
 
     Returns:
       The row with input_ids replaced, plus masked_lm_positions [P] int32,
@@ -139,7 +146,7 @@ def mask_tokens(
             _starts_word(row, word_starts),
             num_to_predict,
             seeds[0],
-            max_ngram=MAX_NGRAM if masking_unit == "ngram" else 1,
+            ngram_probabilities=(ngram_probabilities or ALBERT_NGRAMS) if masking_unit == "ngram" else (1.0,),
         )
         # covered holds at most num_to_predict <= k tokens; the first k sorted keys have them all.
         key, is_prediction = _first_positions(covered, k)
@@ -150,11 +157,17 @@ def mask_tokens(
     original = tf.gather(input_ids, positions)
 
     action = tf.random.stateless_uniform([k], seed=seeds[1])
-    random_ids = _random_ids(seeds[2], k, vocab_size, random_exclude_ids)
-    # Same two coin flips as the original: 80% [MASK]; of the rest, half keep, half random.
-    replacement = tf.where(action < 0.8, mask_id, tf.where(action < 0.9, original, random_ids))
+    # MacBERT's inputs never hold [MASK] (its point: none at fine-tuning either).
+    exclude = (*random_exclude_ids, mask_id) if replacement == "random" else random_exclude_ids
+    random_ids = _random_ids(seeds[2], k, vocab_size, exclude)
+    # Same two coin flips as the original: 80% [MASK] (MacBERT: a random id); of the rest, half
+    # keep, half random.
+    if replacement not in REPLACEMENTS:
+        raise ValueError(f"replacement must be one of {REPLACEMENTS}, got {replacement!r}")
+    first = mask_id if replacement == "mask" else random_ids
+    replaced = tf.where(action < 0.8, first, tf.where(action < 0.9, original, random_ids))
     valid_positions = tf.boolean_mask(positions, is_prediction)
-    valid_replacement = tf.boolean_mask(replacement, is_prediction)
+    valid_replacement = tf.boolean_mask(replaced, is_prediction)
     masked_input = tf.tensor_scatter_nd_update(input_ids, valid_positions[:, None], valid_replacement)
 
     pad = max_predictions_per_seq - k
@@ -250,9 +263,10 @@ def _choose_words(
     num_to_predict: tf.Tensor,
     seed: tf.Tensor,
     *,
-    max_ngram: int,
+    ngram_probabilities: Sequence[float],
 ) -> tf.Tensor:
-    """Whole-word (max_ngram=1) or n-gram (max_ngram=3) selection -> covered [L] bool.
+    """Whole-word (ngram_probabilities (1,)) or n-gram selection (P(n) for n = 1, 2, ...;
+    ALBERT's `ALBERT_NGRAMS`) -> covered [L] bool.
 
     A sequential loop over the words in random order, because each decision depends on
     how many tokens are already covered (as in the originals); it stops once the count
@@ -263,12 +277,13 @@ def _choose_words(
     seeds = tf.random.experimental.stateless_split(seed, num=2)
     order = tf.argsort(tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[0]))
     n_draws = tf.random.stateless_uniform(tf.reshape(num_words, [1]), seed=seeds[1])
-    inv = 1.0 / np.arange(1, max_ngram + 1)
-    cdf = tf.constant((np.cumsum(inv) / inv.sum())[:-1], tf.float32)  # P(n <= 1 .. max_ngram - 1)
+    max_ngram = len(ngram_probabilities)
+    p = np.asarray(ngram_probabilities, np.float64)
+    cdf = tf.constant((np.cumsum(p) / p.sum())[:-1], tf.float32)  # P(n <= 1 .. max_ngram - 1)
 
     def body(j, covered_words, count):
         w = order[j]
-        # n ~ 1/n over all of 1..max_ngram, then cut at the last candidate word: ALBERT draws
+        # n ~ P(n) over all of 1..max_ngram, then cut at the last candidate word: ALBERT draws
         # from `ngrams[:len(cand_index_set)]` (always all of them: one slice per n) and takes
         # `cand_indexes[idx:idx+n]`, which stops at the end of the list.
         n_max = tf.minimum(max_ngram, num_words - w)

@@ -351,6 +351,8 @@ class _Passes:
             masking_unit=config.masking_unit,
             word_starts=self.word_starts,
             random_exclude_ids=vocab.random_exclude_ids,
+            ngram_probabilities=config.ngram_probabilities,
+            replacement=config.replacement,
         )
 
 

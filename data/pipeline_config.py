@@ -14,6 +14,12 @@ from data import pair_layout
 
 MASKING_UNITS = ("token", "whole_word", "ngram", "span")  # data/masking.py's units
 WORD_UNITS = ("whole_word", "ngram", "span")  # the units made of words
+# What replaces a chosen token (data/masking.py mask_tokens): "mask", BERT's 80% [MASK], 10%
+# kept, 10% a random id; "random", MacBERT's MLM as correction without a similar-word table
+# (Cui et al. 2020, "Revisiting Pre-Trained Models for Chinese Natural Language Processing",
+# section 3: 80% a similar word, or a random word where there is none, 10% a random word, 10%
+# kept): 90% a random id, 10% kept.
+REPLACEMENTS = ("mask", "random")
 
 # "static": masks drawn from the copy (epoch % dupe_factor), as the original's offline
 # copies; "dynamic": fresh masks every pass (RoBERTa); "in_step": the pipeline does not mask,
@@ -56,6 +62,10 @@ class PipelineConfig:
     masking_unit: "token", "whole_word", "ngram" or "span" (data/masking.py; "span" is
     SpanBERT's, shaped by span_geometric_p, span_max_words and sbo_max_targets, and draws its
     random tokens from the shards' unigram counts).
+    ngram_probabilities: "ngram"'s P(n) for n = 1, 2, ... (None: ALBERT's, proportional to 1/n
+    for n <= 3; MacBERT's: (0.4, 0.3, 0.2, 0.1)).
+    replacement: "mask" (BERT's 80/10/10) or "random" (MacBERT's: a random id instead of
+    [MASK]); REPLACEMENTS.
     require_word_segmenter: the masking's words must be a word segmenter's (Chinese whole-word
     masking: shards preprocessed with --word_segmenter, data/word_segmentation.py); shards
     without them are a one-line error. Such shards' words are used whenever the unit is made
@@ -92,6 +102,8 @@ class PipelineConfig:
     span_max_words: int = 10  # ... for l = 1..10, renormalised (mean 3.8 words)
     sbo_max_targets: int = 15  # span boundary objective targets per span
     require_word_segmenter: bool = False
+    ngram_probabilities: tuple[float, ...] | None = None
+    replacement: str = "mask"
     pack_examples: bool = True
     reuse_len: int = 0
     bi_data: bool = False
@@ -131,6 +143,20 @@ class PipelineConfig:
         if self.masking_unit not in MASKING_UNITS:
             raise ConfigError(
                 f"PipelineConfig.masking_unit must be one of {MASKING_UNITS}, got {self.masking_unit!r}"
+            )
+        if self.ngram_probabilities is not None and (
+            self.masking_unit != "ngram" or not self.ngram_probabilities or min(self.ngram_probabilities) < 0
+        ):
+            raise ConfigError(
+                "PipelineConfig.ngram_probabilities are P(n) of masking_unit = 'ngram': non-negative, "
+                f"for n = 1, 2, ... (got {self.ngram_probabilities} with masking_unit {self.masking_unit!r})"
+            )
+        if self.replacement not in REPLACEMENTS or (
+            self.replacement != "mask" and (self.masking_unit == "span" or self.masking == "in_step")
+        ):
+            raise ConfigError(
+                f"PipelineConfig.replacement must be one of {REPLACEMENTS}, and 'mask' with span masking or "
+                f"masking in the step (got {self.replacement!r})"
             )
         if self.require_word_segmenter and self.masking_unit not in WORD_UNITS:
             raise ConfigError(

@@ -115,7 +115,7 @@ def _word_row(rng, length, continue_prob=0.5):
     }
 
 
-def _word_mask(row, seed, unit, prob=0.15, cap=P, starts=WORD_STARTS):
+def _word_mask(row, seed, unit, prob=0.15, cap=P, starts=WORD_STARTS, **options):
     return masking.mask_tokens(
         row,
         seed=tf.stack([tf.cast(seed, tf.int64), tf.constant(5, tf.int64)]),
@@ -126,6 +126,7 @@ def _word_mask(row, seed, unit, prob=0.15, cap=P, starts=WORD_STARTS):
         max_predictions_per_seq=cap,
         masking_unit=unit,
         word_starts=tf.constant(starts),
+        **options,
     )
 
 
@@ -169,25 +170,59 @@ def test_word_units_never_split_a_word_and_respect_the_count(unit):
 
 
 @pytest.mark.slow
-def test_ngram_lengths_are_roughly_proportional_to_one_over_n():
+@pytest.mark.parametrize(
+    "probabilities, expected",
+    [
+        (None, np.array([1, 1 / 2, 1 / 3]) / (11 / 6)),  # ALBERT's: 0.545, 0.273, 0.182
+        ((0.4, 0.3, 0.2, 0.1), np.array([0.4, 0.3, 0.2, 0.1])),  # MacBERT's
+    ],
+    ids=["albert", "macbert"],
+)
+def test_ngram_lengths_follow_their_distribution(probabilities, expected):
     # One-token words, a long row and a low rate: n-grams seldom touch, so runs of masked
     # positions are the sampled n-grams.
     starts = np.ones(WORD_VOCAB, bool)
     rng = np.random.default_rng(6)
-    counts = np.zeros(4)
-    length = 256
-    for seed in range(120):
+    counts = np.zeros(len(expected) + 1)
+    # Long rows: the n-gram shortened to fit the count, about the last of each row, is rare.
+    length = 1024
+    for seed in range(40):
         ids = [CLS, *rng.integers(100, WORD_VOCAB, size=length - 2), SEP]
         row = {"input_ids": tf.constant(ids, tf.int32), "input_mask": tf.ones([length], tf.int32)}
-        out = _word_mask(row, seed, "ngram", prob=0.04, cap=16, starts=starts)
+        out = _word_mask(
+            row, seed, "ngram", prob=0.04, cap=48, starts=starts, ngram_probabilities=probabilities
+        )
         n = int(out["masked_lm_weights"].numpy().sum())
         pos = out["masked_lm_positions"].numpy()[:n]
         runs = np.split(pos, np.flatnonzero(np.diff(pos) > 1) + 1)
         for run in runs:
-            counts[min(len(run), 3)] += 1
+            counts[min(len(run), len(expected))] += 1
     frequencies = counts[1:] / counts[1:].sum()
-    expected = np.array([1, 1 / 2, 1 / 3]) / (11 / 6)  # 0.545, 0.273, 0.182
-    np.testing.assert_allclose(frequencies, expected, atol=0.07)
+    np.testing.assert_allclose(frequencies, expected, atol=0.05)
+
+
+def test_macberts_replacement_is_a_random_token_or_the_same_never_mask():
+    rng = np.random.default_rng(3)
+    kept = changed = 0
+    for seed in range(60):
+        row = _row(rng, 64)
+        out = masking.mask_tokens(
+            row,
+            seed=tf.constant([seed, 1], tf.int64),
+            vocab_size=VOCAB,
+            mask_id=MASK,
+            never_mask_ids=(CLS, SEP),
+            masked_lm_prob=0.15,
+            max_predictions_per_seq=P,
+            replacement="random",
+        )
+        n = int(out["masked_lm_weights"].numpy().sum())
+        now = out["input_ids"].numpy()[out["masked_lm_positions"].numpy()[:n]]
+        assert MASK not in now
+        same = int((now == out["masked_lm_ids"].numpy()[:n]).sum())
+        kept, changed = kept + same, changed + n - same
+    # 10% kept, 90% a random id (which is the original 1 time in VOCAB).
+    assert 0.06 < kept / (kept + changed) < 0.15
 
 
 def test_word_units_need_a_word_start_table():
