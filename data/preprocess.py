@@ -20,8 +20,9 @@ copied to `OUTPUT/tokenizer/` and `OUTPUT/manifest.json` (written last, so its p
 means the output is complete) records the tokenizer identity, vocab size, special ids,
 counts and a fingerprint of the inputs. Re-running with the same inputs is a no-op.
 
-Tokenization runs in `--num_workers` processes (with one, in this process); the reader
-keeps at most a few batches in flight, so tokenizing needs little memory whatever the
+Tokenization runs in `--num_workers` processes (with one, in this process), each of whose
+tokenizer libraries may start its share of the cores in threads (cores / workers, at least
+one); the reader keeps at most a few batches in flight, so tokenizing needs little memory whatever the
 corpus size. Documents are first written to `*.tfrecord.unsorted` files in corpus order,
 each record prefixed with its order key; then each shard is read back, sorted by key and
 written, exact duplicates of a document dropped (every copy of a text has its key, so they
@@ -255,8 +256,12 @@ _worker_tokenizer = None
 _worker_segmenter = None
 
 
-def _init_worker(tokenizer_path: str, word_segmenter: str | None = None) -> None:
+def _init_worker(tokenizer_path: str, word_segmenter: str | None = None, threads: int | None = None) -> None:
+    """Loads the tokenizer (and segmenter) of a tokenizing process; `threads` caps its
+    tokenizer libraries' threads (a worker's share of the cores: data/tokenizers/threads.py)."""
     global _worker_tokenizer, _worker_segmenter
+    if threads is not None:
+        tokenizers.limit_threads(threads)
     _worker_tokenizer = tokenizers.load_tokenizer(tokenizer_path)
     _worker_segmenter = None if word_segmenter is None else word_segmentation.segmenter(word_segmenter)
 
@@ -407,7 +412,8 @@ class _Workers:
             num_workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(tokenizer_path, word_segmenter),
+            # Each worker's libraries get its share of the cores, not a thread per core each.
+            initargs=(tokenizer_path, word_segmenter, max(1, (os.cpu_count() or 1) // num_workers)),
         )
         # Ctrl-C reaches every process of the terminal's group: the workers (which inherit a
         # blocked SIGINT through exec, and keep it blocked) leave it to this process, which

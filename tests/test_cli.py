@@ -32,6 +32,8 @@ TOOLS = [
     "bench.memory",
     "bench.input_pipeline",
     "bench.tpu_table",
+    "bench.preprocess",
+    "bench.sentence_splitters",
     "core.local_pod",
     # bench.peer_hf runs only in the peer's own virtualenv (transformers 4.57.6, Flax models).
 ]

@@ -643,3 +643,34 @@ def test_exact_duplicate_documents_are_dropped_and_counted_unless_kept(tmp_path,
 
     assert documents(deduped) == documents(unique)
     assert len(documents(kept)) == len(with_copies)
+
+
+@pytest.mark.slow(20)
+@pytest.mark.extended
+def test_the_throughput_benchmark_measures_what_it_reports(tmp_path):
+    """bench.preprocess on a small corpus: its tokens are the shards' (the 4x run four times
+    the 1x's), and each rate is tokens over the seconds it reports."""
+    corpus = tmp_path / "corpus.txt"
+    docs = [d.sentences for d in corpora.demo_documents()[:100]]
+    corpus.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    out = tmp_path / "rows.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.preprocess", f"--corpus={corpus}", "--copies=1", "--kinds=wordpiece"]
+        + ["--num_workers=1", f"--out={out}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["kind"] == "wordpiece" and row["workers"] == 1 and row["cores"] == 1
+    # Each copy's documents start with a sentence of their own ("Copy 0, document 3."): the
+    # 4x has about four times the tokens. The rate is tokens over the seconds reported.
+    assert 3.9 < row["tokens"]["4x"] / row["tokens"]["1x"] < 4.1
+    assert row["tokens"]["1x"] / row["shard_seconds"]["1x"] == pytest.approx(
+        row["preprocess_tokens_per_s_core"]
+    )
+    assert row["peak_mib"]["1x"] > 50 and row["peak_mib"]["4x"] > 50
+    assert row["tokens_per_word"] > 1 and row["projected_hours_wiki_books_96_cores"] > 0
+    assert "| wordpiece |" in done.stdout

@@ -467,6 +467,24 @@ def test_albert_normalisation_of_published_model(trained_sp, tmp_path):
     assert tokenizers.load_tokenizer(str(tmp_path / "albert" / "spiece.model")).identity() == tok.identity()
 
 
+def test_sentencepiece_batch_is_each_text_alone(trained_sp, monkeypatch):
+    """One SentencePiece call over the batch (threads limited or not) gives each text's ids,
+    ALBERT's digit-comma split included."""
+    from data.tokenizers import threads
+
+    monkeypatch.setattr(threads, "_limit", None)  # both restored after the test
+    monkeypatch.setenv("RAYON_NUM_THREADS", "")
+    texts = [s for d in _topic_documents(200)[:20] for s in d] + [
+        "in 1990, the",
+        "1,000,000 ``x'' Caf\u00e9",
+        "",
+    ]
+    alone = [trained_sp.encode(t) for t in texts]
+    assert trained_sp.encode_batch(texts) == alone
+    tokenizers.limit_threads(1)
+    assert trained_sp.encode_batch(texts) == alone
+
+
 def test_sentencepiece_word_start_mask(trained_sp):
     tok = trained_sp
     starts = tok.word_start_mask()

@@ -96,6 +96,7 @@ from data.tokenizers.tokenizer_json import (
 
 # isort: on
 from data.tokenizers.loader import ALL_KINDS, load_bpe_files, load_tokenizer
+from data.tokenizers.threads import limit as limit_threads
 from data.tokenizers.training import (
     KINDS,
     SP_USER_SYMBOLS,
@@ -146,6 +147,7 @@ __all__ = [
     "backend_of",
     "declared_special_tokens",
     "is_xlnet_start_piece",
+    "limit_threads",
     "load_bpe_files",
     "load_tokenizer",
     "pair_inputs",

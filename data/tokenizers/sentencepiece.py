@@ -21,7 +21,7 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from data.tokenizers import base
+from data.tokenizers import base, threads
 from data.tokenizers.base import CONFIG_FILE, TokenizerError
 
 SP_MODEL_FILE = "spiece.model"
@@ -160,8 +160,15 @@ class SentencePieceTokenizer(SentencePieceFile):
 
     def pieces(self, text: str) -> list[str]:
         """ALBERT's `encode_pieces(sp_model, preprocess_text(text))`."""
+        return self._split_digit_commas(
+            self._sp.encode(albert_preprocess(text, self._lowercase), out_type=str)
+        )
+
+    def _split_digit_commas(self, pieces: Sequence[str]) -> list[str]:
+        """ALBERT's `encode_pieces` after the model: a piece ending in a digit and a comma
+        ("▁1990,") is encoded again without the comma, and the comma follows."""
         out: list[str] = []
-        for piece in self._sp.encode(albert_preprocess(text, self._lowercase), out_type=str):
+        for piece in pieces:
             if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
                 split = self._sp.encode(piece[:-1].replace(SPIECE_UNDERLINE, ""), out_type=str)
                 if piece[0] != SPIECE_UNDERLINE and split and split[0][0] == SPIECE_UNDERLINE:
@@ -176,7 +183,12 @@ class SentencePieceTokenizer(SentencePieceFile):
         return [self._vocab.get(p, unk) for p in self.pieces(text)]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
+        """The texts' ids, from one SentencePiece call over the batch (on
+        `threads.sentencepiece_threads()` threads)."""
+        normalised = [albert_preprocess(t, self._lowercase) for t in texts]
+        encoded = self._sp.encode(normalised, out_type=str, num_threads=threads.sentencepiece_threads())
+        unk = self.unk_id
+        return [[self._vocab.get(p, unk) for p in self._split_digit_commas(pieces)] for pieces in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:
         """The normalised text of `ids` ("▁" -> space), padding skipped."""
