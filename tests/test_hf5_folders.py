@@ -46,10 +46,23 @@ TEXTS = [
     "\ufb01ne \uff11\uff12",
     "object" * 20,
     "",
+    # Chinese, mixed with English, full-width punctuation and digits (bert-base-chinese's use).
+    "北京大学的学生在学习语言模型。",
+    "我们用GPT-4和BERT做了３个实验，准确率是97.5%！“你好”（测试）",
+]
+# Chinese for the Chinese vocabulary (bert-base-chinese's layout: every character, and "##"
+# and the character for each, beside English pieces).
+CHINESE = [
+    "北京大学的学生在学习语言模型。",
+    "我们用三个实验测试准确率，你好！",
+    "中文句子的对象被创建，然后返回。",
 ]
 PAIRS = [("The object is created.", "It is then returned to the caller (x+y).")]
 # interop.encode's lines for the parity check: a sentence and a pair.
-LINES = ["Caf\u00e9 na\u00efve: the object is created, then returned!", "The object is created.\tIt returns."]
+LINES = [
+    "Caf\u00e9 na\u00efve: the object is created, then returned! 北京大学的学生。",
+    "The object is created.\t我们用三个实验测试。",
+]
 # The files save_pretrained writes for a model and a transformers 5.18 tokenizer.
 HF5_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
@@ -86,6 +99,14 @@ def _bert_tokenizer(root):
     return transformers.BertTokenizer(vocab=_wordpiece_vocab(True), do_lower_case=True)
 
 
+def _bert_chinese_tokenizer(root):
+    vocab = _wordpiece_vocab(True)
+    for char in sorted({c for sentence in CHINESE for c in sentence}):
+        for token in (char, "##" + char):
+            vocab.setdefault(token, len(vocab))
+    return transformers.BertTokenizer(vocab=vocab, do_lower_case=True)
+
+
 def _electra_tokenizer(root):
     return transformers.ElectraTokenizer(vocab=_wordpiece_vocab(False), do_lower_case=False)
 
@@ -120,6 +141,7 @@ def _deberta_v2_tokenizer(root):
 # family -> the transformers 5.18 tokenizer, built in a folder `root`.
 TOKENIZERS: dict[str, Callable] = {
     "bert": _bert_tokenizer,
+    "bert-chinese": _bert_chinese_tokenizer,
     "roberta": _roberta_tokenizer,
     "albert": _albert_tokenizer,
     "electra": _electra_tokenizer,
@@ -136,6 +158,7 @@ _DEBERTA = dict(
 # family -> (transformers config class, model class, config keys beyond hf_parity.SIZE).
 MODELS = {
     "bert": (transformers.BertConfig, transformers.BertForMaskedLM, {}),
+    "bert-chinese": (transformers.BertConfig, transformers.BertForMaskedLM, {}),
     "roberta": (
         transformers.RobertaConfig,
         transformers.RobertaForMaskedLM,
@@ -157,6 +180,7 @@ MODELS = {
 # The data/tokenizers kind whose conventions each family's tokenizer.json is read with.
 FOLLOWS = {
     "bert": "wordpiece",
+    "bert-chinese": "wordpiece",
     "roberta": "bpe",
     "albert": "sentencepiece",
     "electra": "wordpiece",
