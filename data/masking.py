@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from data.pipeline_config import MASKING_UNITS, REPLACEMENTS
+from data.similar_words import SimilarWords, similar_at
 
 # ALBERT's n-gram masking: P(n) proportional to 1/n for n = 1..3 (--ngram 3, the default).
 ALBERT_NGRAMS = tuple(float(x) for x in (1 / np.arange(1, 4)) / (1 / np.arange(1, 4)).sum())
@@ -86,6 +87,7 @@ def mask_tokens(
     random_exclude_ids: Sequence[int] = (),
     ngram_probabilities: Sequence[float] | None = None,
     replacement: str = "mask",
+    similar_words: SimilarWords | None = None,
 ) -> dict[str, tf.Tensor]:
     """Applies BERT MLM masking to one row.
 
@@ -109,8 +111,10 @@ def mask_tokens(
         tokenizer family decides). Empty: the whole vocab, the same draws as before.
       ngram_probabilities: "ngram"'s P(n) for n = 1, 2, ... (None: `ALBERT_NGRAMS`; MacBERT:
         0.4, 0.3, 0.2, 0.1).
-      replacement: one of REPLACEMENTS: what a chosen token becomes ("random" never draws
-        `mask_id`).
+      replacement: one of REPLACEMENTS: what a chosen token becomes ("random" and "similar"
+        never draw `mask_id`). "similar" (word units only) decides once per word: 80% its
+        similar word from `similar_words` (data/similar_words.py), token by token, or random
+        tokens where the table has none; 10% random tokens; 10% kept.
 
     Returns:
       The row with input_ids replaced, plus masked_lm_positions [P] int32,
@@ -141,9 +145,10 @@ def mask_tokens(
             raise ValueError(
                 f"masking_unit={masking_unit!r} needs word_starts (the tokenizer's word_start_mask())"
             )
+        starts_word = _starts_word(row, word_starts)
         covered = _choose_words(
             candidate,
-            _starts_word(row, word_starts),
+            starts_word,
             num_to_predict,
             seeds[0],
             ngram_probabilities=(ngram_probabilities or ALBERT_NGRAMS) if masking_unit == "ngram" else (1.0,),
@@ -157,14 +162,23 @@ def mask_tokens(
     original = tf.gather(input_ids, positions)
 
     action = tf.random.stateless_uniform([k], seed=seeds[1])
+    if replacement not in REPLACEMENTS:
+        raise ValueError(f"replacement must be one of {REPLACEMENTS}, got {replacement!r}")
     # MacBERT's inputs never hold [MASK] (its point: none at fine-tuning either).
-    exclude = (*random_exclude_ids, mask_id) if replacement == "random" else random_exclude_ids
+    exclude = random_exclude_ids if replacement == "mask" else (*random_exclude_ids, mask_id)
     random_ids = _random_ids(seeds[2], k, vocab_size, exclude)
     # Same two coin flips as the original: 80% [MASK] (MacBERT: a random id); of the rest, half
     # keep, half random.
-    if replacement not in REPLACEMENTS:
-        raise ValueError(f"replacement must be one of {REPLACEMENTS}, got {replacement!r}")
     first = mask_id if replacement == "mask" else random_ids
+    if replacement == "similar":
+        if similar_words is None or masking_unit == "token":
+            raise ValueError("replacement='similar' needs similar_words and a word masking unit")
+        _, num_words, segment = _words(candidate, starts_word)
+        # One draw per word: a word becomes its similar word, random tokens, or stays whole.
+        word_action = tf.random.stateless_uniform([length + 1], seed=seeds[1])
+        action = tf.gather(word_action, tf.gather(segment, positions))
+        similar = tf.gather(similar_at(similar_words, input_ids, segment, num_words), positions)
+        first = tf.where(similar >= 0, similar, random_ids)
     replaced = tf.where(action < 0.8, first, tf.where(action < 0.9, original, random_ids))
     valid_positions = tf.boolean_mask(positions, is_prediction)
     valid_replacement = tf.boolean_mask(replaced, is_prediction)

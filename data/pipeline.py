@@ -48,9 +48,19 @@ import os
 import tensorflow as tf
 
 from core.errors import ConfigError
-from data import instances, masking, pair_layout, shards, tokenizers, word_segmentation, xlnet_stream
+from data import (
+    instances,
+    masking,
+    pair_layout,
+    shards,
+    similar_words,
+    tokenizers,
+    word_segmentation,
+    xlnet_stream,
+)
 from data.pipeline_config import WORD_UNITS, PipelineConfig
 from data.shards import Vocab
+from data.similar_words import SimilarWords
 
 _SALT_DOC = 11
 _SALT_MASK = 12
@@ -214,6 +224,7 @@ def instance_stream(
     word_starts=None,
     unigram_counts=None,
     word_tags: bool = False,
+    similar_words: SimilarWords | None = None,
 ) -> tf.data.Dataset:
     """Endless stream of masked rows (unbatched) from these files; see the module docstring.
 
@@ -224,6 +235,7 @@ def instance_stream(
     masking_unit "whole_word" / "ngram" / "span".
     unigram_counts: [vocab_size] int64 training-token counts (the manifest's), needed for "span".
     word_tags: the records' segmenter words join the masking's words (`word_tags`).
+    similar_words: MacBERT's table, for replacement "similar".
     """
     if config.masking_unit != "token" and word_starts is None:
         raise ValueError(f"masking_unit={config.masking_unit!r} needs word_starts [vocab_size] bool")
@@ -242,6 +254,7 @@ def instance_stream(
         vocab,
         shuffle=shuffle,
         word_tags=word_tags,
+        similar_words=similar_words,
         word_starts=None if word_starts is None else tf.constant(word_starts, tf.bool),
         unigram_counts=None if unigram_counts is None else tf.constant(unigram_counts, tf.int64),
     )
@@ -274,9 +287,11 @@ class _Passes:
         word_starts,
         unigram_counts,
         word_tags: bool = False,
+        similar_words: SimilarWords | None = None,
     ):
         self.pass_documents = pass_documents
         self.word_tags = word_tags
+        self.similar_words = similar_words
         self.config = config
         self.vocab = vocab
         self.shuffle = shuffle
@@ -353,6 +368,7 @@ class _Passes:
             random_exclude_ids=vocab.random_exclude_ids,
             ngram_probabilities=config.ngram_probabilities,
             replacement=config.replacement,
+            similar_words=self.similar_words,
         )
 
 
@@ -624,6 +640,10 @@ def make_dataset(
     xlnet = config.format == "xlnet_stream"
     word_starts = None if config.masking_unit == "token" and not xlnet else load_word_starts(data_dir)
     word_tags = _word_tags(manifest, config, word_starts)
+    similar = None
+    if config.similar_words is not None:
+        tokenizer = tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
+        similar = similar_words.load(config.similar_words, tokenizer)
     unigram_counts = manifest.unigram_counts() if config.masking_unit == "span" else None
     files, shard_documents = host_files(
         data_dir, split, process_index, process_count, rows=batch_size if xlnet else 1
@@ -656,5 +676,6 @@ def make_dataset(
         word_starts=word_starts,
         unigram_counts=unigram_counts,
         word_tags=word_tags,
+        similar_words=similar,
     )
     return ds.batch(batch_size, drop_remainder=True).prefetch(2).with_options(options)

@@ -18,8 +18,9 @@ WORD_UNITS = ("whole_word", "ngram", "span")  # the units made of words
 # kept, 10% a random id; "random", MacBERT's MLM as correction without a similar-word table
 # (Cui et al. 2020, "Revisiting Pre-Trained Models for Chinese Natural Language Processing",
 # section 3: 80% a similar word, or a random word where there is none, 10% a random word, 10%
-# kept): 90% a random id, 10% kept.
-REPLACEMENTS = ("mask", "random")
+# kept): 90% a random id, 10% kept; "similar", MacBERT's with a table of similar words
+# (`similar_words`, data/similar_words.py), decided per word.
+REPLACEMENTS = ("mask", "random", "similar")
 
 # "static": masks drawn from the copy (epoch % dupe_factor), as the original's offline
 # copies; "dynamic": fresh masks every pass (RoBERTa); "in_step": the pipeline does not mask,
@@ -64,8 +65,9 @@ class PipelineConfig:
     random tokens from the shards' unigram counts).
     ngram_probabilities: "ngram"'s P(n) for n = 1, 2, ... (None: ALBERT's, proportional to 1/n
     for n <= 3; MacBERT's: (0.4, 0.3, 0.2, 0.1)).
-    replacement: "mask" (BERT's 80/10/10) or "random" (MacBERT's: a random id instead of
-    [MASK]); REPLACEMENTS.
+    replacement: "mask" (BERT's 80/10/10), "random" (MacBERT's without a table: a random id
+    instead of [MASK]) or "similar" (MacBERT's: the word's similar word from the table
+    `similar_words` names, data/similar_words.py); REPLACEMENTS.
     require_word_segmenter: the masking's words must be a word segmenter's (Chinese whole-word
     masking: shards preprocessed with --word_segmenter, data/word_segmentation.py); shards
     without them are a one-line error. Such shards' words are used whenever the unit is made
@@ -104,6 +106,7 @@ class PipelineConfig:
     require_word_segmenter: bool = False
     ngram_probabilities: tuple[float, ...] | None = None
     replacement: str = "mask"
+    similar_words: str | None = None
     pack_examples: bool = True
     reuse_len: int = 0
     bi_data: bool = False
@@ -157,6 +160,15 @@ class PipelineConfig:
             raise ConfigError(
                 f"PipelineConfig.replacement must be one of {REPLACEMENTS}, and 'mask' with span masking or "
                 f"masking in the step (got {self.replacement!r})"
+            )
+        if (self.replacement == "similar") != (self.similar_words is not None) or (
+            self.replacement == "similar" and self.masking_unit not in ("whole_word", "ngram")
+        ):
+            raise ConfigError(
+                "PipelineConfig.replacement = 'similar' and PipelineConfig.similar_words (a table of similar "
+                "words) go together, with masking_unit 'whole_word' or 'ngram' (got replacement "
+                f"{self.replacement!r}, similar_words {self.similar_words!r}, "
+                f"masking_unit {self.masking_unit!r})"
             )
         if self.require_word_segmenter and self.masking_unit not in WORD_UNITS:
             raise ConfigError(

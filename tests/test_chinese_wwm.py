@@ -312,3 +312,75 @@ def test_the_chinese_recipes_build_on_berts(recipe):
         )
     else:
         assert (data.masking_unit, data.replacement, data.sentence_objective) == ("whole_word", "mask", "nsp")
+
+
+# MacBERT's similar words: two words of the corpus with another of their length, one whose
+# only candidate is itself (dropped), and a line without candidates (ignored).
+SIMILAR = "学习  研究 问题\n北京大学  社会科学\n发展  发展\n天气\n"
+
+
+@pytest.mark.slow
+def test_macberts_similar_words_replace_whole_words(segmented, chinese, tmp_path):
+    tokenizer = tokenizers.load_tokenizer(chinese[1])
+    (tmp_path / "similar.txt").write_text(SIMILAR, encoding="utf-8")
+    table = {
+        tuple(tokenizer.encode(a)): tokenizer.encode(b)
+        for a, b in (("学习", "研究"), ("北京大学", "社会科学"))
+    }
+    config = dict(replacement="similar", similar_words=str(tmp_path / "similar.txt"))
+    rows = _rows(segmented, "whole_word", count=400, **config)
+    outcomes = {"similar": 0, "kept": 0, "other": 0}
+    for row in rows:
+        chosen = row["masked_lm_weights"] > 0
+        positions, originals = row["masked_lm_positions"][chosen], row["masked_lm_ids"][chosen]
+        assert tokenizer.mask_id not in row["input_ids"]
+        # The masked runs of a table word: each word whole (the tag-free ids) as the table has it.
+        for start in range(len(positions)):
+            for word, similar in table.items():
+                span = positions[start : start + len(word)]
+                if tuple(originals[start : start + len(word)]) != word or not np.array_equal(
+                    span, span[0] + np.arange(len(word))
+                ):
+                    continue
+                now = list(row["input_ids"][span])
+                outcomes["similar" if now == similar else "kept" if tuple(now) == word else "other"] += 1
+    total = sum(outcomes.values())
+    assert total > 60, outcomes
+    # One draw per word: 80% its similar word, 10% kept, 10% random tokens.
+    assert 0.7 < outcomes["similar"] / total < 0.9 and outcomes["kept"] / total < 0.2, outcomes
+
+
+def test_a_similar_word_table_is_checked(segmented, tmp_path):
+    with pytest.raises(ConfigError, match="go together"):
+        PipelineConfig(masking_unit="whole_word", replacement="similar")
+    from data import similar_words
+
+    with pytest.raises(similar_words.SimilarWordsError, match="not found"):
+        _rows(
+            segmented, "whole_word", count=1, replacement="similar", similar_words=str(tmp_path / "none.txt")
+        )
+    (tmp_path / "bad.txt").write_text("发展 发展\n", encoding="utf-8")
+    with pytest.raises(similar_words.SimilarWordsError, match="no word has a similar word"):
+        _rows(
+            segmented, "whole_word", count=1, replacement="similar", similar_words=str(tmp_path / "bad.txt")
+        )
+
+
+@pytest.mark.slow
+def test_the_iterator_with_a_similar_word_table_saves_and_restores(segmented, tmp_path):
+    (tmp_path / "similar.txt").write_text(SIMILAR, encoding="utf-8")
+    cfg = PipelineConfig(
+        max_seq_length=64,
+        masking_unit="whole_word",
+        replacement="similar",
+        similar_words=str(tmp_path / "similar.txt"),
+        instance_shuffle_buffer=50,
+    )
+    first = iter(pipeline.make_dataset(segmented.directory, "train", cfg, 2))
+    next(first)
+    path = tf.train.Checkpoint(iterator=first).save(str(tmp_path / "it"))
+    expected = next(first)
+    second = iter(pipeline.make_dataset(segmented.directory, "train", cfg, 2))
+    tf.train.Checkpoint(iterator=second).restore(path)
+    got = next(second)
+    assert all(np.array_equal(expected[k], got[k]) for k in expected)
