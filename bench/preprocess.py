@@ -105,7 +105,7 @@ def _measure(kind: str, documents, paths: dict, workers: int, work: str) -> dict
 
     trainable = tokenizers.TRAINABLE_KINDS[kind]
     tokenizer = trainable.train(
-        documents, trainable.default_vocab_size, lowercase=True, min_frequency=2, limit_alphabet=1000
+        documents, trainable.default_vocab_size, lowercase=True, min_frequency=2, limit_alphabet=10000
     )
     tokenizer.save(os.path.join(work, kind))
     corpus_1x = [d for copy in range(paths["copies"]) for d in documents]

@@ -24,6 +24,8 @@ ELECTRA paper's flops_computation.py, every held-out metric the arms' objectives
 evaluate, e.g. MLM loss and accuracy and the sentence accuracy on the arm's own sentence
 task, the arm's training tokens/s, and the demo task's median dev score when fine-tuned)
 and DIR/eval_curves.png (the first arm's headline metric and the loss, held out, vs step).
+`--cross_eval` adds a table of every arm's model on every arm's held-out rows (masked-LM
+accuracy, pretrain/cross_eval.py): the arms of a masking grid compared on the same rows.
 """
 
 from __future__ import annotations
@@ -235,6 +237,12 @@ def build_parser():
         "cheaper arms train more steps); default: the grid folder's budget.txt, else tokens",
     )
     parser.add_argument(
+        "--cross_eval",
+        action="store_true",
+        help="also evaluate every arm's model on every arm's held-out rows (masked-LM accuracy; "
+        "for arms that mask differently: pretrain/cross_eval.py)",
+    )
+    parser.add_argument(
         "--finetune_gin",
         default=None,
         help="also fine-tune every arm on the offline GLUE demo task with this grid "
@@ -283,10 +291,15 @@ def _run(args) -> None:
     budgets = {name: arm_budget([*base, f], shared + steps) for name, f in arms.items()}
     arm_steps = equalize(budgets, budget, args.steps)
     os.makedirs(args.workdir, exist_ok=True)
-    summaries = {}
+    summaries, arm_runs = {}, {}
     for name, arm_file in arms.items():
-        bindings = [*shared, f"run.steps={arm_steps[name]}"]
-        summaries[name] = run_arm(name, [*base, arm_file], os.path.join(args.workdir, name), bindings)
+        arm_runs[name] = ([*base, arm_file], [*shared, f"run.steps={arm_steps[name]}"])
+    if args.cross_eval:  # before any training: an arm that cannot take part is one line now
+        from pretrain import cross_eval
+
+        evaluated = {n: cross_eval.arm(os.path.join(args.workdir, n), *run) for n, run in arm_runs.items()}
+    for name, (gin_files, bindings) in arm_runs.items():
+        summaries[name] = run_arm(name, gin_files, os.path.join(args.workdir, name), bindings)
     finetuned = None
     if args.finetune_gin:
         glue_dir = os.path.join(args.workdir, "glue_data")
@@ -296,7 +309,13 @@ def _run(args) -> None:
             name: finetune_demo(os.path.join(args.workdir, name), glue_dir, args.finetune_gin)
             for name in arms
         }
-    print(write_results(args.workdir, args.grid, summaries, budgets, budget, finetuned))
+    table = write_results(args.workdir, args.grid, summaries, budgets, budget, finetuned)
+    if args.cross_eval:
+        cross = cross_eval.table(args.data_dir, evaluated)
+        with open(os.path.join(args.workdir, "results.md"), "a") as f:
+            f.write("\n" + cross)
+        table += "\n" + cross
+    print(table)
     print(f"results: {args.workdir}/results.md, {args.workdir}/eval_curves.png")
 
 
