@@ -49,6 +49,12 @@ def build_parser():
         "--copies", type=cli.positive_int, default=8, help="copies of the corpus in the 1x file"
     )
     parser.add_argument("--kinds", default="wordpiece,bpe,sentencepiece", help="tokenizer kinds")
+    parser.add_argument(
+        "--vocab_size",
+        type=cli.positive_int,
+        default=None,
+        help="every kind's vocabulary size (default: each kind's published one; a small corpus needs less)",
+    )
     parser.add_argument("--num_workers", type=cli.positive_int, default=None, help="preprocessing workers")
     parser.add_argument("--out", default=None, help="append each kind's JSON line to this file")
     return parser
@@ -100,12 +106,16 @@ def _preprocess(corpus: str, tokenizer: str, output: str, workers: int) -> dict:
     }
 
 
-def _measure(kind: str, documents, paths: dict, workers: int, work: str) -> dict:
+def _measure(kind: str, documents, paths: dict, workers: int, work: str, vocab_size: int | None) -> dict:
     from data import tokenizers
 
     trainable = tokenizers.TRAINABLE_KINDS[kind]
     tokenizer = trainable.train(
-        documents, trainable.default_vocab_size, lowercase=True, min_frequency=2, limit_alphabet=10000
+        documents,
+        vocab_size or trainable.default_vocab_size,
+        lowercase=True,
+        min_frequency=2,
+        limit_alphabet=10000,
     )
     tokenizer.save(os.path.join(work, kind))
     corpus_1x = [d for copy in range(paths["copies"]) for d in documents]
@@ -184,7 +194,7 @@ def _run(args) -> None:
         english = args.language == "en"
         paths["words"] = args.copies * sum(len(s.split()) for d in documents for s in d) if english else 0
         for kind in args.kinds.split(","):
-            row = _measure(kind, documents, paths, workers, work)
+            row = _measure(kind, documents, paths, workers, work, args.vocab_size)
             print(json.dumps(row), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

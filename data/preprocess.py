@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -99,14 +100,22 @@ class DocumentBatch(NamedTuple):
 
 
 class Tokenized(NamedTuple):
-    """One tokenized document: each sentence's ids (empty sentences dropped, and counted), and
-    with a word segmenter the positions of the tokens that continue a word (in the document's
-    tokens, sentences concatenated: data/word_segmentation.py)."""
+    """One tokenized document: each sentence's ids (empty sentences dropped, and counted) and
+    its record (shards.encode_document's; b"" without tokens), made where it was tokenized so
+    that the reader process only writes it (serialising costs as much per document as
+    reading it)."""
 
     doc_id: int
     sentences: list[list[int]]
     dropped: int
-    word_continues: list[int]
+    record: bytes
+
+    @classmethod
+    def of(cls, doc_id: int, sentences: list[list[int]], dropped: int, word_continues: Sequence[int] = ()):
+        """The document with its record; word_continues: with a word segmenter, the positions
+        of the tokens that continue a word (data/word_segmentation.py)."""
+        record = shards.encode_document(doc_id, sentences, word_continues) if sentences else b""
+        return cls(doc_id, sentences, dropped, record)
 
 
 class ShardWriter:
@@ -149,7 +158,7 @@ class ShardWriter:
     def write(self, batch: DocumentBatch, tokenized: Sequence[Tokenized]) -> None:
         """Writes and counts one batch's documents (a document without tokens is only counted)."""
         train_ids = []
-        for (doc_id, sentences, dropped, continues), is_eval, source, key in zip(
+        for (doc_id, sentences, dropped, record), is_eval, source, key in zip(
             tokenized, batch.heldout, batch.sources, batch.keys
         ):
             self.dropped_sentences += dropped
@@ -158,9 +167,9 @@ class ShardWriter:
                 continue
             split = "eval" if is_eval else "train"
             self._count(split, sentences, source)
-            self._write_document(split, doc_id, sentences, continues, key)
+            self._write_document(split, doc_id, record, key)
             if split == "train":
-                train_ids.extend(t for sentence in sentences for t in sentence)
+                train_ids.extend(itertools.chain.from_iterable(sentences))
         # One bincount per batch of documents: a [vocab] array per document would cost more.
         self.unigrams += np.bincount(np.asarray(train_ids, np.int64), minlength=len(self.unigrams))
 
@@ -173,15 +182,11 @@ class ShardWriter:
             stats.single_sentence_documents += 1
             self.first_single = self.first_single or source
 
-    def _write_document(
-        self, split: str, doc_id: int, sentences: list[list[int]], continues: list[int], key: tuple[int, int]
-    ) -> None:
+    def _write_document(self, split: str, doc_id: int, record: bytes, key: tuple[int, int]) -> None:
         shard_key, order = key
         shard = shard_key % self.num_shards[split]
         self.per_shard[split][shard] += 1
-        self._writers[split][shard].write(
-            _KEY.pack(order, doc_id) + shards.encode_document(doc_id, sentences, continues)
-        )
+        self._writers[split][shard].write(_KEY.pack(order, doc_id) + record)
 
     def forget(self, path: str, dropped: Duplicates) -> None:
         """Takes the duplicates a shard's sort dropped out of the counts."""
@@ -276,7 +281,7 @@ def _tokenize_batch(documents: Sequence[tuple[int, list[str]]]) -> list[Tokenize
     out = []
     for (doc_id, _), ids in zip(documents, encoded):
         kept = [s for s in ids if s]
-        out.append(Tokenized(doc_id, kept, len(ids) - len(kept), []))
+        out.append(Tokenized.of(doc_id, kept, len(ids) - len(kept)))
     return out
 
 
@@ -299,7 +304,7 @@ def _tokenize_segmented(documents: Sequence[tuple[int, list[str]]]) -> list[Toke
             continues += [first + i for i in word_segmentation.continuing_tokens(text, offsets, inner)]
             kept.append(ids)
             first += len(ids)
-        out.append(Tokenized(doc_id, kept, dropped, continues))
+        out.append(Tokenized.of(doc_id, kept, dropped, continues))
     return out
 
 
@@ -354,23 +359,27 @@ def _sort_shard(path: str, drop_duplicates: bool = True, vocab_size: int = 0) ->
     Holds one shard in memory (the records as bytes). Returns (PATH, what was dropped).
     """
     unsorted = path + _UNSORTED
-    records = list(tf.data.TFRecordDataset(unsorted).as_numpy_iterator())
+    # In batches: one iterator step per record costs more than the rest of the sort.
+    records = [
+        r for batch in tf.data.TFRecordDataset(unsorted).batch(4096).as_numpy_iterator() for r in batch
+    ]
     records.sort(key=lambda record: record[: _KEY.size])
     dropped = Duplicates(token_counts=np.zeros(vocab_size, np.int64))
-    kept_key, kept_tokens = None, None
+    kept_key, kept_body = None, None
     with tf.io.TFRecordWriter(path) as writer:
         for record in records:
             key, body = record[:8], record[_KEY.size :]
-            if drop_duplicates:
+            # Only a record with the kept one's key can repeat it: parse just those two.
+            if drop_duplicates and key == kept_key:
                 tokens = _tokens(body)
-                if key == kept_key and all(np.array_equal(a, b) for a, b in zip(tokens, kept_tokens)):
+                if all(np.array_equal(a, b) for a, b in zip(tokens, _tokens(kept_body))):
                     dropped.documents += 1
                     dropped.sentences += len(tokens[1])
                     dropped.tokens += len(tokens[0])
                     dropped.single_sentence_documents += len(tokens[1]) == 1
                     dropped.token_counts += np.bincount(tokens[0], minlength=vocab_size)
                     continue
-                kept_key, kept_tokens = key, tokens
+            kept_key, kept_body = key, body
             writer.write(body)
     tf.io.gfile.remove(unsorted)
     return path, dropped

@@ -27,6 +27,7 @@ demo, ablation runner, continued pretraining) takes the `Manifest` it returns.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any, Sequence
@@ -58,7 +59,9 @@ def encode_document(
     """One document record: sentences are lists of token ids (each non-empty); word_continues
     the positions of the tokens that continue a word (written only when there are some)."""
     feature = {
-        "token_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[t for s in sentences for t in s])),
+        "token_ids": tf.train.Feature(
+            int64_list=tf.train.Int64List(value=itertools.chain.from_iterable(sentences))
+        ),
         "sentence_lengths": tf.train.Feature(
             int64_list=tf.train.Int64List(value=[len(s) for s in sentences])
         ),

@@ -185,14 +185,8 @@ def test_shard_writer_routes_counts_and_sorts_documents(tmp_path):
         # (shard key, order key): documents 0 and 4 share train shard 0, 4 sorts first.
         keys=[(0, 5), (1, 7), (4, 1), (2, 3), (2, 2)],
     )
-    T = preprocess.Tokenized
-    tokenized = [
-        T(0, [[5, 6], [7]], 0, []),
-        T(1, [[8]], 1, []),
-        T(2, [[9]], 0, []),
-        T(3, [], 2, []),
-        T(4, [[10, 10]], 0, []),
-    ]
+    T = preprocess.Tokenized.of
+    tokenized = [T(0, [[5, 6], [7]], 0), T(1, [[8]], 1), T(2, [[9]], 0), T(3, [], 2), T(4, [[10, 10]], 0)]
     writer.write(batch, tokenized)
     writer.close()
     assert sorted(os.listdir(tmp_path)) == sorted(
@@ -238,7 +232,7 @@ def test_shard_writer_removes_its_unsorted_files(tmp_path):
     writer = preprocess.ShardWriter(str(tmp_path), {"train": 2, "eval": 1}, vocab_size=12)
     writer.write(
         preprocess.DocumentBatch([(0, ["a"])], [False], ["s"], [(0, 0)]),
-        [preprocess.Tokenized(0, [[5]], 0, [])],
+        [preprocess.Tokenized.of(0, [[5]], 0)],
     )
     writer.close()
     writer.remove_unsorted()
