@@ -90,7 +90,11 @@ def _preprocess(corpus: str, tokenizer: str, output: str, workers: int) -> dict:
     argv = [sys.executable, "-m", "data.preprocess", f"--corpus={corpus}", f"--tokenizer={tokenizer}"]
     argv += [f"--output={output}", f"--num_workers={workers}", "--num_shards=8", "--eval_fraction=0.05"]
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _PEAK, *argv], capture_output=True, text=True, check=False)
+    # Not this process's one-thread limit (RAYON_NUM_THREADS): the workers set their own.
+    env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, *argv], capture_output=True, text=True, check=False, env=env
+    )
     wall = time.perf_counter() - start
     if done.returncode:
         raise UserError(f"data.preprocess failed: {done.stderr.strip().splitlines()[-1]}")
@@ -126,7 +130,8 @@ def _measure(kind: str, documents, paths: dict, workers: int, work: str, vocab_s
         )
         for size in ("1x", "4x")
     }
-    cores = min(workers, os.cpu_count() or 1)
+    cpus = os.cpu_count() or 1
+    cores = min(cpus, workers * max(1, cpus // workers))  # each worker's threads: its share of the cores
     one = runs["1x"]
     per_core = one["tokens"] / one["shard_seconds"] / cores
     tokens_per_word = alone_tokens / paths["words"] if paths["words"] else None

@@ -585,7 +585,7 @@ def _word_tags(manifest: shards.Manifest, config: PipelineConfig, word_starts) -
     and shards preprocessed with --word_segmenter). Shards without them: a one-line error
     when the config requires them, and a warning when the text is Chinese (each character
     would be its own word)."""
-    by_words = config.masking_unit in WORD_UNITS and config.format != "xlnet_stream"
+    by_words = config.masking_unit in WORD_UNITS
     if manifest.word_segmenter is not None:
         return by_words
     if config.require_word_segmenter:

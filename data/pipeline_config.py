@@ -148,10 +148,14 @@ class PipelineConfig:
                 f"PipelineConfig.masking_unit must be one of {MASKING_UNITS}, got {self.masking_unit!r}"
             )
         if self.ngram_probabilities is not None and (
-            self.masking_unit != "ngram" or not self.ngram_probabilities or min(self.ngram_probabilities) < 0
+            self.masking_unit != "ngram"
+            or not self.ngram_probabilities
+            or min(self.ngram_probabilities) < 0
+            or sum(self.ngram_probabilities) <= 0
         ):
             raise ConfigError(
                 "PipelineConfig.ngram_probabilities are P(n) of masking_unit = 'ngram': non-negative, "
+                "not all 0, "
                 f"for n = 1, 2, ... (got {self.ngram_probabilities} with masking_unit {self.masking_unit!r})"
             )
         if self.replacement not in REPLACEMENTS or (
@@ -200,10 +204,11 @@ class PipelineConfig:
                 "PipelineConfig.format='xlnet_stream' has no sentence objective: set "
                 "PipelineConfig.sentence_objective = 'none'"
             )
-        if self.masking != "static" or self.masking_unit != "token":
+        if self.masking != "static" or self.masking_unit != "token" or self.replacement != "mask":
             raise ConfigError(
                 "PipelineConfig.format='xlnet_stream' draws XLNet's own n-gram targets (plm_max_gram, "
-                "plm_mask_alpha, plm_mask_beta): leave PipelineConfig.masking and masking_unit unset"
+                "plm_mask_alpha, plm_mask_beta): leave PipelineConfig.masking, masking_unit and "
+                "replacement unset"
             )
         rest = self.max_seq_length - self.reuse_len - 3  # A and B
         if self.reuse_len < 1 or rest < 2:

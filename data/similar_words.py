@@ -11,7 +11,8 @@ then the words like it, best first, separated by whitespace:
 
 As in every example the paper gives (语言模型 -> 语法建模, 预测 -> 预见), a word is replaced by
 one of the same length in tokens: `load` keeps, for each word, the first similar word that
-the shards' tokenizer makes into as many tokens, and drops a word that has none.
+the shards' tokenizer makes into as many tokens, none of them [UNK], and drops a word that
+has none.
 
 The table becomes constants (no lookup-table resource, so the pipeline's iterator state
 saves and restores as before): the words' 62-bit hashes of their token ids, sorted, and the
@@ -60,9 +61,11 @@ def load(path: str, tokenizer) -> SimilarWords:
     with tf.io.gfile.GFile(path, "rb") as f:
         content = f.read()
     try:
-        lines = content.decode("utf-8").splitlines()
+        lines = content.decode("utf-8-sig").splitlines()  # a byte-order mark is not a word
     except UnicodeDecodeError as e:
         raise SimilarWordsError(f"{path}: not UTF-8 (byte offset {e.start}): a table is UTF-8 text") from None
+    # A similar word with a character the vocabulary lacks ([UNK]) or a special token is no word.
+    unusable = {tokenizer.unk_id, *tokenizer.special_ids}
     pairs: dict[str, list[int]] = {}
     for line in lines:
         fields = line.split()
@@ -72,7 +75,7 @@ def load(path: str, tokenizer) -> SimilarWords:
         ids = tokenizer.encode(word)
         for other in others:
             similar = tokenizer.encode(other)
-            if len(similar) == len(ids) and similar != ids:
+            if len(similar) == len(ids) and similar != ids and not unusable.intersection(similar):
                 pairs.setdefault(" ".join(map(str, ids)), similar)
                 break
     if not pairs:

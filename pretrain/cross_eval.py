@@ -17,9 +17,11 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from core import cli
+from core import workdir as workdir_lib
 from core.errors import UserError
 from data import pipeline
 from data.pipeline_config import PipelineConfig
@@ -48,15 +50,25 @@ def arm(workdir: str, gin_files: list[str], bindings: list[str]) -> Arm:
 
     from pretrain import trainer  # noqa: F401  (registers what the run files bind)
 
+    def setting(name: str):  # a run setting, bound or at RunSettings' default
+        try:
+            return gin.query_parameter(f"run.{name}")
+        except ValueError:
+            return trainer.RunSettings.__dataclass_fields__[name].default
+
     gin.clear_config()
     try:
         cli.parse_gin(gin_files, bindings)
         config = PipelineConfig()
-        found = Arm(
-            workdir, config, gin.query_parameter("run.batch_size"), gin.query_parameter("run.eval_batches")
-        )
+        found = Arm(workdir, config, setting("batch_size"), setting("eval_batches"))
+        two_phases = setting("phase2_start") is not None
     finally:
         gin.clear_config()
+    if two_phases:
+        raise CrossEvalError(
+            f"--cross_eval evaluates one phase's rows, and {workdir}'s arm trains two (run.phase2_start): "
+            "leave it out, or compare the arms of one phase"
+        )
     if config.masking == "in_step" or config.format == "xlnet_stream":
         raise CrossEvalError(
             f"--cross_eval compares masked-LM rows, and {workdir}'s arm makes none (its objective masks "
@@ -71,42 +83,51 @@ def rows(data_dir: str, of: Arm) -> list[dict[str, np.ndarray]]:
     return list(ds.take(of.eval_batches).as_numpy_iterator())
 
 
-def mlm_accuracy(workdir: str) -> Callable[[list[dict[str, np.ndarray]]], float] | None:
-    """A function of held-out batches: the share of their masked tokens that the workdir's
-    masked LM predicts (its argmax). None for a workdir without one (trees.NoMaskedLMError:
-    a model imported without its head)."""
-    pretrained = bundle.load_pretrained(workdir)
+def mlm_metrics(workdir: str) -> Callable[[list[dict[str, np.ndarray]]], tuple[float, float]] | None:
+    """A function of held-out batches: (accuracy, loss) of the workdir's masked LM on their
+    masked tokens (the share its argmax predicts; the mean negative log-likelihood, nats).
+    None for a workdir without one (trees.NoMaskedLMError: a model imported without its head)."""
+    params, _ = workdir_lib.load_params(workdir)  # the latest step
     try:
-        model, params = trees.masked_lm(pretrained.config, pretrained.params)
+        model, params = trees.masked_lm(bundle.load_model_config(workdir), trees.for_readers(params))
     except trees.NoMaskedLMError:
         return None
-    keys = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
-    apply = jax.jit(lambda p, b: model.apply({"params": p}, b, deterministic=True)["mlm_logits"].argmax(-1))
+    # Packed rows (DOC-SENTENCES) also carry each example's positions and ids, which keep
+    # attention within an example, as in the trainer's evaluation.
+    keys = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "positions", "example_ids")
 
-    def accuracy(batches: list[dict[str, np.ndarray]]) -> float:
-        hits = total = 0.0
+    @jax.jit
+    def apply(p, batch, targets):  # -> (argmax [B, P], negative log-likelihood [B, P])
+        logits = model.apply({"params": p}, batch, deterministic=True)["mlm_logits"]
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+        return logits.argmax(-1), -jnp.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+
+    def metrics(batches: list[dict[str, np.ndarray]]) -> tuple[float, float]:
+        hits = nll = total = 0.0
         for batch in batches:
-            predicted = np.asarray(apply(params, {k: batch[k] for k in keys}))
+            inputs = {k: batch[k] for k in keys if k in batch}
+            predicted, loss = map(np.asarray, apply(params, inputs, batch["masked_lm_ids"]))
             weights = batch["masked_lm_weights"]
             hits += float(((predicted == batch["masked_lm_ids"]) * weights).sum())
+            nll += float((loss * weights).sum())
             total += float(weights.sum())
-        return hits / total
+        return hits / total, nll / total
 
-    return accuracy
+    return metrics
 
 
 def table(data_dir: str, arms: dict[str, Arm]) -> str:
     """Markdown: a row per arm (its model), a column per arm (its held-out rows)."""
     held_out = {name: rows(data_dir, a) for name, a in arms.items()}
     lines = [
-        "Held-out masked-LM accuracy of each arm's model (rows) on each arm's held-out rows "
-        "(columns: the rows and masks that arm's own evaluation used; the diagonal is its own).",
+        "Held-out masked-LM accuracy (and loss) of each arm's model (rows) on each arm's held-out "
+        "rows (columns: the rows and masks that arm's own evaluation used; the diagonal is its own).",
         "",
         "| model \\ rows of | " + " | ".join(arms) + " |",
         "|---|" + "---|" * len(arms),
     ]
     for name, a in arms.items():
-        accuracy = mlm_accuracy(a.workdir)
-        cells = ["-" if accuracy is None else f"{accuracy(batches):.4f}" for batches in held_out.values()]
+        metrics = mlm_metrics(a.workdir)
+        cells = ["-" if metrics is None else "{:.4f} ({:.3f})".format(*metrics(b)) for b in held_out.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -314,9 +314,10 @@ def test_the_chinese_recipes_build_on_berts(recipe):
         assert (data.masking_unit, data.replacement, data.sentence_objective) == ("whole_word", "mask", "nsp")
 
 
-# MacBERT's similar words: two words of the corpus with another of their length, one whose
-# only candidate is itself (dropped), and a line without candidates (ignored).
-SIMILAR = "学习  研究 问题\n北京大学  社会科学\n发展  发展\n天气\n"
+# MacBERT's similar words (after a byte-order mark): two words of the corpus with another of
+# their length, the first after one with characters the vocabulary lacks (skipped: [UNK]);
+# one whose only candidate is itself (dropped), and a line without candidates (ignored).
+SIMILAR = "\ufeff学习  电脑 研究 问题\n北京大学  社会科学\n发展  发展\n天气\n"
 
 
 @pytest.mark.slow
@@ -353,6 +354,8 @@ def test_macberts_similar_words_replace_whole_words(segmented, chinese, tmp_path
 def test_a_similar_word_table_is_checked(segmented, tmp_path):
     with pytest.raises(ConfigError, match="go together"):
         PipelineConfig(masking_unit="whole_word", replacement="similar")
+    with pytest.raises(ConfigError, match="not all 0"):
+        PipelineConfig(masking_unit="ngram", ngram_probabilities=(0.0, 0.0))
     from data import similar_words
 
     with pytest.raises(similar_words.SimilarWordsError, match="not found"):

@@ -215,7 +215,7 @@ def test_what_the_stream_refuses(xlnet_shards, text_shards):
         pipeline.make_dataset(xlnet_shards, "train", CONFIG, 3)
     with pytest.raises(ConfigError, match="reuse_len = 0 must be in"):
         dataclasses.replace(CONFIG, reuse_len=0)
-    with pytest.raises(ConfigError, match="leave PipelineConfig.masking and masking_unit unset"):
+    with pytest.raises(ConfigError, match="leave PipelineConfig.masking, masking_unit and replacement unset"):
         dataclasses.replace(CONFIG, masking_unit="whole_word")
     with pytest.raises(ConfigError, match="it must be in"):
         dataclasses.replace(CONFIG, max_predictions_per_seq=40)
