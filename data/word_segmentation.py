@@ -18,8 +18,9 @@ not the first character of a segmented word of two or more characters, all of th
 ideographs. That is the rule of transformers' reference for these models
 (examples/research_projects/mlm_wwm/run_chinese_ref.py: it keeps the words "whose every
 character is Chinese" and longer than one), with the word positions the segmenter gives
-rather than its forward maximum matching against the line's word set: "2019年", "GPT4" and
-"iPhone手机" mask as separate units, as there; Latin words keep WordPiece's "##" rule.
+rather than its forward maximum matching against the line's word set: a word with a digit
+or a Latin letter in it ("2019年", "GPT4") masks token by token, as there; Latin words keep
+WordPiece's "##" rule.
 "CJK ideograph" is google-research/bert tokenization.py's `_is_chinese_char` (the unified
 ideographs, extensions A-E and the compatibility ideographs; not punctuation, kana or Hangul).
 
