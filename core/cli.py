@@ -244,6 +244,10 @@ def entry(
             else:
                 traceback.print_exc()
                 status = 1
+        if status == 130 and argv is None:  # the command line's process, which now exits
+            # The Ctrl-C line is out: a second Ctrl-C while the interpreter shuts down (joining
+            # a process pool's threads) would add a traceback after it.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if status and _cluster() is not None:
             _cluster().leave(status)  # not through JAX's shutdown barrier, which would wait for the others
         return 0 if status is None else status

@@ -259,16 +259,27 @@ def _fingerprint(corpus: str, tokenizer_identity: dict, flags: dict) -> str:
 
 _worker_tokenizer = None
 _worker_segmenter = None
+_worker_barrier = None
 
 
-def _init_worker(tokenizer_path: str, word_segmenter: str | None = None, threads: int | None = None) -> None:
+def _init_worker(
+    tokenizer_path: str, word_segmenter: str | None = None, threads: int | None = None, barrier=None
+) -> None:
     """Loads the tokenizer (and segmenter) of a tokenizing process; `threads` caps its
-    tokenizer libraries' threads (a worker's share of the cores: data/tokenizers/threads.py)."""
-    global _worker_tokenizer, _worker_segmenter
+    tokenizer libraries' threads (a worker's share of the cores: data/tokenizers/threads.py);
+    `barrier`: every worker's, for `_all_started`."""
+    global _worker_tokenizer, _worker_segmenter, _worker_barrier
+    _worker_barrier = barrier
     if threads is not None:
         tokenizers.limit_threads(threads)
     _worker_tokenizer = tokenizers.load_tokenizer(tokenizer_path)
     _worker_segmenter = None if word_segmenter is None else word_segmentation.segmenter(word_segmenter)
+
+
+def _all_started() -> None:
+    """A worker's first task: wait until every worker runs one. A worker waiting here takes
+    no other, so when all these tasks are done every worker has started."""
+    _worker_barrier.wait(timeout=600)
 
 
 def _tokenize_batch(documents: Sequence[tuple[int, list[str]]]) -> list[Tokenized]:
@@ -417,12 +428,18 @@ class _Workers:
 
     def __init__(self, num_workers: int, tokenizer_path: str, word_segmenter: str | None = None):
         self.num_workers = num_workers
+        context = multiprocessing.get_context("spawn")
         self._pool = futures.ProcessPoolExecutor(
             num_workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=context,
             initializer=_init_worker,
             # Each worker's libraries get its share of the cores, not a thread per core each.
-            initargs=(tokenizer_path, word_segmenter, max(1, (os.cpu_count() or 1) // num_workers)),
+            initargs=(
+                tokenizer_path,
+                word_segmenter,
+                max(1, (os.cpu_count() or 1) // num_workers),
+                context.Barrier(num_workers),
+            ),
         )
         # Ctrl-C reaches every process of the terminal's group: the workers (which inherit a
         # blocked SIGINT through exec, and keep it blocked) leave it to this process, which
@@ -432,7 +449,9 @@ class _Workers:
         # delivered then.
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
         try:
-            started = [self._pool.submit(int) for _ in range(num_workers)]  # each starts a worker
+            # Not a trivial task per worker: the first worker up could run them all while another
+            # is still starting, and a Ctrl-C then would stop it half-way (a traceback of its own).
+            started = [self._pool.submit(_all_started) for _ in range(num_workers)]
             for future in started:
                 future.result()
         except BrokenProcessPool:
