@@ -38,6 +38,11 @@ share that layout, the hash and the masking:
   key (or query) blocks in a loop, the whole row in its block spec; Triton has neither
   scratch nor sequential grid dimensions.
 
+The grid design is models/flash_grid.py, the loop design models/flash_loop.py, and what both
+compute on a tile (the static settings, the hash's keep masks, the masked logits, the cost
+estimate) models/flash_tiles.py; this module holds the custom VJP, the block choice and the
+public functions.
+
 The backward pass is two kernels: one per key block (dk, dv; its tiles are keys by queries,
 so that it needs only plain and rhs-transposed matmuls, the forms Mosaic and Triton share)
 and one per query block (dq). Tile sizes are `BlockSizes` (`EncoderConfig.flash_block_sizes`;
@@ -64,24 +69,15 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as pltriton
 from jax.sharding import PartitionSpec
 
 from core import axes, sharding
 from core.errors import ConfigError
 from models import dropout as dropout_bits
+from models import flash_grid, flash_loop
+from models import flash_tiles as tiles
 
-#: `backend` of `flash_attention`: the kernel language, or Pallas's interpreter running one
-#: of the two designs (any platform; for tests).
-BACKENDS = ("tpu", "triton", "interpret", "interpret_triton")
-_DESIGN = {"tpu": "grid", "interpret": "grid", "triton": "loop", "interpret_triton": "loop"}
-# Finite, so that a query with no key to attend (a padding query of a packed row) gives
-# no NaN; the explicit path's value (models/attention.py).
-_MASKED = -0.7 * float(np.finfo(np.float32).max)
-_QUARTERS = 4  # 16-bit draws per Threefry block (models/dropout.py)
-_LANES, _SUBLANES = 128, 8
+BACKENDS = tiles.BACKENDS
 # The largest default blocks by design (forward queries, keys per quarter; then the
 # backward pass's): TPU tiles are 128 lanes wide; Triton keeps a tile and two words of hash
 # per tile in registers, and its dk/dv programs carry eight accumulators (dk and dv per
@@ -137,752 +133,14 @@ class BlockSizes:
             )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """What the kernels are specialised on (hashable: a custom_vjp's static argument)."""
-
-    block_q: int
-    block_k: int
-    block_q_backward: int
-    block_k_backward: int
-    wide: bool  # the grid design's forward and dq passes take a key block's four quarters as one tile
-    scale: float  # 1 / sqrt(D)
-    threshold: int  # an element is kept when its 16 bits are >= this; 0 = no dropout
-    inverse_keep: float  # 1 / keep probability
-    backend: str
-    length: int  # L: the row counter's stride
-    total_heads: int  # N of the whole batch: the row counter's head stride
-
-    @property
-    def dropout(self) -> bool:
-        return self.threshold > 0
-
-    @property
-    def design(self) -> str:
-        return _DESIGN[self.backend]
-
-
-# --- what both designs compute -------------------------------------------------------
-
-
-def _dot(a: jax.Array, b: jax.Array, *, transpose_b: bool = False) -> jax.Array:
-    """a @ b (or a @ b^T), float32 accumulation: the only two matmul forms Mosaic and Triton share."""
-    contract = ((1,), (1 if transpose_b else 0,))
-    return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
-
-
-def _keep(static: _Static, key_words, row_base, first_query, first_column, shape, query_axis: int):
-    """The keep masks [*shape] of the four quarters of a tile, or None without dropout.
-
-    The tile's counters: rows row_base + first_query + the query index along `query_axis`,
-    columns first_column + the index along the other; key_words: the key's two int32 words."""
-    if not static.dropout:
-        return None
-    rows = row_base + first_query + jax.lax.broadcasted_iota(jnp.int32, shape, query_axis)
-    columns = first_column + jax.lax.broadcasted_iota(jnp.int32, shape, 1 - query_axis)
-    quarters = dropout_bits.quarters(*dropout_bits.threefry2x32(*key_words, rows, columns))
-    return [quarter >= static.threshold for quarter in quarters]
-
-
-def _keep_wide(static: _Static, key_words, row_base, first_query, rows: int, width: int):
-    """The keep mask [rows, 4 * width] of a wide tile (lane c of quarter c // width), or None.
-
-    Every lane hashes its own counter (row, c mod width) and keeps its quarter's 16 bits: the
-    same hash work as one [rows, width] grid, which fills a quarter of each vector anyway."""
-    if not static.dropout:
-        return None
-    lane = jax.lax.broadcasted_iota(jnp.int32, (rows, _QUARTERS * width), 1)
-    quarter = sum((lane >= c * width).astype(jnp.int32) for c in range(1, _QUARTERS))
-    rows_ = row_base + first_query + jax.lax.broadcasted_iota(jnp.int32, lane.shape, 0)
-    words = dropout_bits.threefry2x32(*key_words, rows_, lane - quarter * width)
-    q0, q1, q2, q3 = dropout_bits.quarters(*words)
-    bits = jnp.where(quarter == 0, q0, jnp.where(quarter == 1, q1, jnp.where(quarter == 2, q2, q3)))
-    return bits >= static.threshold
-
-
-def _dropped(probs: jax.Array, keep: jax.Array | None, static: _Static) -> jax.Array:
-    if keep is None:
-        return probs
-    return jnp.where(keep, probs * static.inverse_keep, 0.0)
-
-
-def _logits(a: jax.Array, b: jax.Array, query_ids, key_ids, static: _Static) -> jax.Array:
-    """a @ b^T / sqrt(D), float32, with MASKED where a query may not attend a key (another
-    segment id, or a padding key of id 0): [bq, bk] from q, k, or [bk, bq] from k, q. The ids
-    broadcast to the tile."""
-    allowed = (query_ids == key_ids) & (key_ids != 0)
-    return jnp.where(allowed, _dot(a, b, transpose_b=True) * static.scale, _MASKED)
-
-
-def _lanes(x: jax.Array, width: int) -> jax.Array:
-    """A lane-replicated [rows, 128] array as [rows, width]."""
-    if width <= _LANES:
-        return x[:, :width]
-    tiled = jnp.tile(x, (1, -(-width // _LANES)))
-    return tiled if tiled.shape[1] == width else tiled[:, :width]
-
-
-def _cost(flops_per_score: int, q: jax.Array, keys: int, *arrays) -> pl.CostEstimate:
-    """A kernel's cost for XLA: its matmul FLOPs (flops_per_score x D per query-key pair),
-    one exponential per pair, and the bytes of its operands and results. The hash's integer
-    operations are not counted."""
-    b, n, lqp, d = q.shape
-    pairs = b * n * lqp * keys
-    return pl.CostEstimate(
-        flops=flops_per_score * d * pairs,
-        transcendentals=pairs,
-        bytes_accessed=sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in arrays),
-    )
-
-
-# --- the grid design (TPU) ------------------------------------------------------------
-
-
-def _row_base(scalars_ref, rows_ref, static: _Static):
-    """models/dropout.py's row counter of this program's (row, head) at query 0 (int32, wraps
-    as the uint32 counter does)."""
-    b, h = pl.program_id(0), pl.program_id(1)
-    return (rows_ref[b] * static.total_heads + scalars_ref[2] + h) * static.length
-
-
-def _grid_forward_kernel(
-    scalars_ref,
-    rows_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    q_ids_ref,
-    kv_ids_ref,
-    o_ref,
-    lse_ref,
-    m_ref,
-    l_ref,
-    acc_ref,
-    *,
-    static,
-):
-    """Query block i, key block j: q [bq, D], k/v [4, bk, D] (wide: [4 bk, D]), q ids [bq, 128]
-    lane-replicated, key ids [4, 8, bk] (wide: [8, 4 bk]) sublane-replicated -> o [bq, D], lse
-    [bq, 128] float32 at the last j; m, l [bq, 128] and acc [bq, D] are VMEM scratch.
-
-    A query with no key to attend (a padding query of a packed row) gets o = 0 and lse = inf,
-    so that the backward pass gives it p = 0 everywhere: gradients of its output are 0."""
-    i, j = pl.program_id(2), pl.program_id(3)
-
-    @pl.when(j == 0)
-    def _start():
-        m_ref[...] = jnp.full(m_ref.shape, _MASKED, jnp.float32)
-        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-    def online_softmax(s, keep, v):
-        m_prev, l_prev = m_ref[...], l_ref[...]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-        p = jnp.exp(s - _lanes(m_next, s.shape[1]))
-        rescale = jnp.exp(m_prev - m_next)
-        l_ref[...] = rescale * l_prev + jnp.sum(
-            p, axis=1, keepdims=True
-        )  # the softmax's sum is before dropout
-        m_ref[...] = m_next
-        p = _dropped(p, keep, static)
-        acc_ref[...] = acc_ref[...] * _lanes(rescale, v.shape[-1]) + _dot(p.astype(v.dtype), v)
-
-    bq, bk = static.block_q, static.block_k
-    q, q_ids = q_ref[...], q_ids_ref[...]
-    key_words, row_base = (scalars_ref[0], scalars_ref[1]), _row_base(scalars_ref, rows_ref, static)
-    if static.wide:
-        keys = k_ref.shape[0]
-        keep = _keep_wide(static, key_words, row_base, i * bq, bq, keys // _QUARTERS)
-        s = _logits(q, k_ref[...], _lanes(q_ids, keys), kv_ids_ref[:1, :], static)
-        online_softmax(s, keep, v_ref[...])
-    else:
-        keep = _keep(static, key_words, row_base, i * bq, j * bk, (bq, bk), 0)
-        for c in range(_QUARTERS):
-            s = _logits(q, k_ref[c], _lanes(q_ids, bk), kv_ids_ref[c, :1, :], static)
-            online_softmax(s, None if keep is None else keep[c], v_ref[c])
-
-    @pl.when(j == pl.num_programs(3) - 1)
-    def _finish():
-        m, l = m_ref[...], l_ref[...]
-        empty = m == _MASKED  # every logit was masked: no key to attend
-        d = acc_ref.shape[-1]
-        o_ref[...] = jnp.where(_lanes(empty, d), 0.0, acc_ref[...] / _lanes(l, d)).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(l))
-
-
-def _grid_key_grads_kernel(
-    scalars_ref,
-    rows_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    q_ids_ref,
-    kv_ids_ref,
-    dk_ref,
-    dv_ref,
-    dk_acc,
-    dv_acc,
-    *,
-    static,
-):
-    """Key block j (in each quarter), query block i: tiles are [bk, bq] (keys by queries) so
-    that dv += p^T do and dk += ds^T q are plain matmuls. q, do [bq, D]; lse, delta [1, bq]
-    rows; q ids [8, bq] sublane-replicated; key ids [4, bk, 128] lane-replicated; dk, dv
-    [4, bk, D] accumulate in VMEM scratch over i."""
-    j, i = pl.program_id(2), pl.program_id(3)
-    bq, bk = static.block_q_backward, static.block_k_backward
-
-    @pl.when(i == 0)
-    def _start():
-        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
-        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
-
-    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-    key_words, row_base = (scalars_ref[0], scalars_ref[1]), _row_base(scalars_ref, rows_ref, static)
-    keep = _keep(static, key_words, row_base, i * bq, j * bk, (bk, bq), 1)
-    for c in range(_QUARTERS):
-        s = _logits(k_ref[c], q, q_ids_ref[:1, :], _lanes(kv_ids_ref[c], bq), static)
-        p = jnp.exp(s - lse)
-        keep_c = None if keep is None else keep[c]
-        dv_acc[c] = dv_acc[c] + _dot(_dropped(p, keep_c, static).astype(do.dtype), do)
-        ds = p * (_dropped(_dot(v_ref[c], do, transpose_b=True), keep_c, static) - delta)
-        dk_acc[c] = dk_acc[c] + _dot(ds.astype(q.dtype), q) * static.scale
-
-    @pl.when(i == pl.num_programs(3) - 1)
-    def _finish():
-        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
-
-
-def _grid_query_grads_kernel(
-    scalars_ref,
-    rows_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    q_ids_ref,
-    kv_ids_ref,
-    dq_ref,
-    dq_acc,
-    *,
-    static,
-):
-    """Query block i, key block j: q, do [bq, D], lse, delta [bq, 128] lane-replicated, keys as
-    in the forward pass -> dq [bq, D], accumulated in VMEM scratch over j."""
-    i, j = pl.program_id(2), pl.program_id(3)
-    bq, bk = static.block_q, static.block_k
-
-    @pl.when(j == 0)
-    def _start():
-        dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
-
-    def accumulate(s, keep, k, v):
-        p = jnp.exp(s - _lanes(lse, s.shape[1]))
-        dp = _dropped(_dot(do, v, transpose_b=True), keep, static)
-        ds = p * (dp - _lanes(delta, s.shape[1]))
-        dq_acc[...] = dq_acc[...] + _dot(ds.astype(k.dtype), k) * static.scale
-
-    q, do, lse, delta, q_ids = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...], q_ids_ref[...]
-    key_words, row_base = (scalars_ref[0], scalars_ref[1]), _row_base(scalars_ref, rows_ref, static)
-    if static.wide:
-        keys = k_ref.shape[0]
-        keep = _keep_wide(static, key_words, row_base, i * bq, bq, keys // _QUARTERS)
-        k = k_ref[...]
-        accumulate(_logits(q, k, _lanes(q_ids, keys), kv_ids_ref[:1, :], static), keep, k, v_ref[...])
-    else:
-        keep = _keep(static, key_words, row_base, i * bq, j * bk, (bq, bk), 0)
-        for c in range(_QUARTERS):
-            s = _logits(q, k_ref[c], _lanes(q_ids, bk), kv_ids_ref[c, :1, :], static)
-            accumulate(s, None if keep is None else keep[c], k_ref[c], v_ref[c])
-
-    @pl.when(j == pl.num_programs(3) - 1)
-    def _finish():
-        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
-
-
-def _grid_call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, scratch, cost, *args):
-    """A grid-design pallas_call: two scalar-prefetch operands (the key words and head offset,
-    each row's place) first, the last grid dimension sequential."""
-    params = None
-    if static.backend == "tpu":
-        params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
-    return pl.pallas_call(
-        functools.partial(kernel, static=static),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,
-            grid=grid,
-            in_specs=in_specs,
-            out_specs=out_specs,
-            scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape in scratch],
-        ),
-        out_shape=out_shape,
-        compiler_params=params,
-        cost_estimate=cost,
-        interpret=static.backend == "interpret",
-    )(*args)
-
-
-def _spec(block, index):
-    return pl.BlockSpec(block, lambda *grid: index(*grid[:4]))
-
-
-def _lane_ids(ids: jax.Array) -> jax.Array:
-    """[B, L] -> [B, L, 128]: each id replicated across the lanes (a query's id as a column)."""
-    return jnp.broadcast_to(ids[..., None], (*ids.shape, _LANES))
-
-
-def _sublane_ids(ids: jax.Array) -> jax.Array:
-    """[..., L] -> [..., 8, L]: each id replicated across the sublanes (ids as a row)."""
-    return jnp.broadcast_to(ids[..., None, :], (*ids.shape[:-1], _SUBLANES, ids.shape[-1]))
-
-
-def _grid_keys(static: _Static, k, v, kv_ids):
-    """The keys of the forward and dq passes as their kernels take them, with their specs
-    (grid (b, h, i, j)): k, v [B, N, 4, Wp, D] by key block j, ids [B, 4, 8, Wp]; wide, one
-    block of all four quarters: k, v [B, N, 4 Wp, D], ids [B, 8, 4 Wp] (the same order)."""
-    b, n, _, wp, d = k.shape
-    if static.wide:
-        k, v = (x.reshape(b, n, _QUARTERS * wp, d) for x in (k, v))
-        kv_spec = _spec((None, None, _QUARTERS * wp, d), lambda b, h, i, j: (b, h, 0, 0))
-        ids_spec = _spec((None, _SUBLANES, _QUARTERS * wp), lambda b, h, i, j: (b, 0, 0))
-        return k, v, _sublane_ids(kv_ids.reshape(b, _QUARTERS * wp)), kv_spec, ids_spec
-    bk = static.block_k
-    kv_spec = _spec((None, None, _QUARTERS, bk, d), lambda b, h, i, j: (b, h, 0, j, 0))
-    ids_spec = _spec((None, _QUARTERS, _SUBLANES, bk), lambda b, h, i, j: (b, 0, 0, j))
-    return k, v, _sublane_ids(kv_ids), kv_spec, ids_spec
-
-
-def _grid_forward(static: _Static, q, k, v, q_ids, kv_ids, rows, scalars):
-    """q [B, N, Lqp, D], k/v [B, N, 4, Wp, D], ids [B, Lqp] and [B, 4, Wp] -> o [B, N, Lqp, D],
-    lse [B, N, Lqp, 1] float32: the kernel writes it lane-replicated, one lane is kept (a
-    residual of the backward pass, 128 times smaller; jax's kernel keeps its l and m so)."""
-    b, n, lqp, d = q.shape
-    wp = k.shape[3]
-    bq, bk = static.block_q, static.block_k
-    q_spec = _spec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0))
-    lse_spec = _spec((None, None, bq, _LANES), lambda b, h, i, j: (b, h, i, 0))
-    q_ids_spec = _spec((None, bq, _LANES), lambda b, h, i, j: (b, i, 0))
-    k, v, kv_ids, kv_spec, kv_ids_spec = _grid_keys(static, k, v, kv_ids)
-    out_shape = [
-        jax.ShapeDtypeStruct(q.shape, q.dtype),
-        jax.ShapeDtypeStruct((b, n, lqp, _LANES), jnp.float32),
-    ]
-    q_ids = _lane_ids(q_ids)
-    with jax.named_scope("flash_attention_forward"):
-        o, lse = _grid_call(
-            _grid_forward_kernel,
-            static,
-            (b, n, lqp // bq, 1 if static.wide else wp // bk),
-            [q_spec, kv_spec, kv_spec, q_ids_spec, kv_ids_spec],
-            [q_spec, lse_spec],
-            out_shape,
-            [(bq, _LANES), (bq, _LANES), (bq, d)],
-            _cost(4, q, _QUARTERS * wp, q, k, v, q_ids, kv_ids, *out_shape),
-            scalars,
-            rows,
-            q,
-            k,
-            v,
-            q_ids,
-            kv_ids,
-        )
-    return o, lse[..., :1]
-
-
-def _grid_backward(static: _Static, residuals, do):
-    q, k, v, q_ids, kv_ids, rows, scalars, o, lse = residuals
-    b, n, lqp, d = q.shape
-    wp = k.shape[3]
-    # With dropout too: sum_s p_ts dp_ts = do_t . o_t (FlashAttention-2's D term).
-    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
-    bq, bk = static.block_q_backward, static.block_k_backward
-    row_spec = _spec((None, None, 1, bq), lambda b, h, j, i: (b, h, 0, i))
-    block_kv = _spec((None, None, _QUARTERS, bk, d), lambda b, h, j, i: (b, h, 0, j, 0))
-    block_q = _spec((None, None, bq, d), lambda b, h, j, i: (b, h, i, 0))
-    key_grads_in = (
-        q,
-        k,
-        v,
-        do,
-        lse.swapaxes(2, 3),
-        delta.swapaxes(2, 3),
-        _sublane_ids(q_ids),
-        jnp.broadcast_to(kv_ids[..., None], (*kv_ids.shape, _LANES)),
-    )
-    kv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    with jax.named_scope("flash_attention_key_grads"):
-        dk, dv = _grid_call(
-            _grid_key_grads_kernel,
-            static,
-            (b, n, wp // bk, lqp // bq),
-            [
-                block_q,
-                block_kv,
-                block_kv,
-                block_q,
-                row_spec,
-                row_spec,
-                _spec((None, _SUBLANES, bq), lambda b, h, j, i: (b, 0, i)),
-                _spec((None, _QUARTERS, bk, _LANES), lambda b, h, j, i: (b, 0, j, 0)),
-            ],
-            [block_kv, block_kv],
-            kv_shapes,
-            [(_QUARTERS, bk, d), (_QUARTERS, bk, d)],
-            _cost(8, q, _QUARTERS * wp, *key_grads_in, *kv_shapes),
-            scalars,
-            rows,
-            *key_grads_in,
-        )
-    lanes = (b, n, lqp, _LANES)
-    (dq,) = _grid_dq(
-        static,
-        q,
-        k,
-        v,
-        do,
-        jnp.broadcast_to(lse, lanes),
-        jnp.broadcast_to(delta, lanes),
-        q_ids,
-        kv_ids,
-        rows,
-        scalars,
-    )
-    return dq, dk, dv
-
-
-def _grid_dq(static: _Static, q, k, v, do, lse, delta, q_ids, kv_ids, rows, scalars):
-    """dq [B, N, Lqp, D] from lse and delta [B, N, Lqp, 128] lane-replicated; the keys' specs as
-    the forward pass's."""
-    b, n, lqp, d = q.shape
-    wp = k.shape[3]
-    bq, bk = static.block_q, static.block_k
-    q_spec = _spec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0))
-    lse_spec = _spec((None, None, bq, _LANES), lambda b, h, i, j: (b, h, i, 0))
-    k, v, kv_ids, kv_spec, kv_ids_spec = _grid_keys(static, k, v, kv_ids)
-    inputs = (q, k, v, do, lse, delta, _lane_ids(q_ids), kv_ids)
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
-    with jax.named_scope("flash_attention_query_grads"):
-        return _grid_call(
-            _grid_query_grads_kernel,
-            static,
-            (b, n, lqp // bq, 1 if static.wide else wp // bk),
-            [
-                q_spec,
-                kv_spec,
-                kv_spec,
-                q_spec,
-                lse_spec,
-                lse_spec,
-                _spec((None, bq, _LANES), lambda b, h, i, j: (b, i, 0)),
-                kv_ids_spec,
-            ],
-            [q_spec],
-            out_shape,
-            [(bq, d)],
-            _cost(6, q, _QUARTERS * wp, *inputs, *out_shape),
-            scalars,
-            rows,
-            *inputs,
-        )
-
-
-# --- the loop design (GPU: Triton) ------------------------------------------------------
-
-
-def _loop(blocks: int, body, init):
-    """fori_loop over `blocks` (a Python int); one block runs once with a static index, so a
-    row that fits one block slices its refs statically."""
-    return body(0, init) if blocks == 1 else jax.lax.fori_loop(0, blocks, body, init)
-
-
-def _start(index, block: int):
-    return index * block if isinstance(index, int) else pl.multiple_of(index * block, block)
-
-
-def _loop_forward_kernel(
-    q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, row_base_ref, k1_ref, k2_ref, o_ref, lse_ref, *, static
-):
-    """One block of queries: q [bq, D], k/v [4, Wp, D] -> o [bq, D], lse [bq, 1] float32 (a
-    query with no key to attend: o = 0, lse = inf, as in the grid design)."""
-    bq, bk = static.block_q, static.block_k
-    q, q_ids = q_ref[...], q_ids_ref[...]  # [bq, D], [bq, 1]
-    key_words, row_base, first_query = (k1_ref[...], k2_ref[...]), row_base_ref[...], pl.program_id(2) * bq
-
-    def body(j, carry):
-        m, l, acc = carry  # [bq, 1], [bq, 1], [bq, D] float32
-        start = _start(j, bk)
-        keep = _keep(static, key_words, row_base, first_query, start, (bq, bk), 0)
-        for c in range(_QUARTERS):
-            keys = pl.ds(start, bk)
-            s = _logits(q, k_ref[c, keys, :], q_ids, kv_ids_ref[c, :, keys], static)
-            m_next = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-            rescale = jnp.exp(m - m_next)
-            p = jnp.exp(s - m_next)
-            l = rescale * l + jnp.sum(p, axis=1, keepdims=True)  # the softmax's sum is before dropout
-            p = _dropped(p, None if keep is None else keep[c], static)
-            acc = rescale * acc + _dot(p.astype(v_ref.dtype), v_ref[c, keys, :])
-            m = m_next
-        return m, l, acc
-
-    init = (
-        jnp.full((bq, 1), _MASKED, jnp.float32),
-        jnp.zeros((bq, 1), jnp.float32),
-        jnp.zeros((bq, q.shape[-1]), jnp.float32),
-    )
-    m, l, acc = _loop(k_ref.shape[1] // bk, body, init)
-    empty = m == _MASKED
-    o_ref[...] = jnp.where(empty, 0.0, acc / l).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(l))
-
-
-def _loop_key_grads_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    q_ids_ref,
-    kv_ids_ref,
-    row_base_ref,
-    k1_ref,
-    k2_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    static,
-):
-    """One key block (in each quarter), all queries: tiles [bk, bq] (keys by queries); lse,
-    delta and the query ids [1, Lqp] as rows, the key ids [4, bk, 1] as columns."""
-    bq, bk = static.block_q_backward, static.block_k_backward
-    first_column, row_base = pl.program_id(2) * bk, row_base_ref[...]
-    key_words = (k1_ref[...], k2_ref[...])
-    keys = [k_ref[c] for c in range(_QUARTERS)]
-    values = [v_ref[c] for c in range(_QUARTERS)]
-    key_ids = [kv_ids_ref[c] for c in range(_QUARTERS)]
-
-    def body(i, carry):
-        dks, dvs = list(carry[0]), list(carry[1])
-        start = _start(i, bq)
-        queries = pl.ds(start, bq)
-        q, do = q_ref[queries, :], do_ref[queries, :]
-        lse, delta = lse_ref[:, queries], delta_ref[:, queries]  # [1, bq]
-        keep = _keep(static, key_words, row_base, start, first_column, (bk, bq), 1)
-        for c in range(_QUARTERS):
-            keep_c = None if keep is None else keep[c]
-            s = _logits(keys[c], q, q_ids_ref[:, queries], key_ids[c], static)
-            p = jnp.exp(s - lse)
-            dvs[c] = dvs[c] + _dot(_dropped(p, keep_c, static).astype(do.dtype), do)
-            ds = p * (_dropped(_dot(values[c], do, transpose_b=True), keep_c, static) - delta)
-            dks[c] = dks[c] + _dot(ds.astype(q.dtype), q) * static.scale
-        return tuple(dks), tuple(dvs)
-
-    zeros = tuple(jnp.zeros(keys[0].shape, jnp.float32) for _ in range(_QUARTERS))
-    dks, dvs = _loop(q_ref.shape[0] // bq, body, (zeros, zeros))
-    for c in range(_QUARTERS):
-        dk_ref[c] = dks[c].astype(dk_ref.dtype)
-        dv_ref[c] = dvs[c].astype(dv_ref.dtype)
-
-
-def _loop_query_grads_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    q_ids_ref,
-    kv_ids_ref,
-    row_base_ref,
-    k1_ref,
-    k2_ref,
-    dq_ref,
-    *,
-    static,
-):
-    """One block of queries: q, do [bq, D], lse, delta [bq, 1], all keys -> dq [bq, D]."""
-    bq, bk = static.block_q, static.block_k
-    q, do, lse, delta, q_ids = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...], q_ids_ref[...]
-    key_words, row_base, first_query = (k1_ref[...], k2_ref[...]), row_base_ref[...], pl.program_id(2) * bq
-
-    def body(j, dq):
-        start = _start(j, bk)
-        keep = _keep(static, key_words, row_base, first_query, start, (bq, bk), 0)
-        for c in range(_QUARTERS):
-            keys = pl.ds(start, bk)
-            k = k_ref[c, keys, :]
-            s = _logits(q, k, q_ids, kv_ids_ref[c, :, keys], static)
-            p = jnp.exp(s - lse)
-            dp = _dropped(
-                _dot(do, v_ref[c, keys, :], transpose_b=True), None if keep is None else keep[c], static
-            )
-            dq = dq + _dot((p * (dp - delta)).astype(k.dtype), k) * static.scale
-        return dq
-
-    dq = _loop(k_ref.shape[1] // bk, body, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
-
-
-def _loop_call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, cost, *args):
-    params = pltriton.CompilerParams(num_warps=4, num_stages=2) if static.backend == "triton" else None
-    return pl.pallas_call(
-        functools.partial(kernel, static=static),
-        grid=grid,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        compiler_params=params,
-        cost_estimate=cost,
-        interpret=static.backend == "interpret_triton",
-    )(*args)
-
-
-def _loop_specs(static: _Static, q: jax.Array, k: jax.Array, block_q: int, block_k: int):
-    """BlockSpecs of the loop design's kernels, indexed by (row, head, block)."""
-    _, _, lqp, d = q.shape
-    wp = k.shape[3]
-    whole = {
-        "q": pl.BlockSpec((None, None, lqp, d), lambda b, h, n: (b, h, 0, 0)),
-        "kv": pl.BlockSpec((None, None, _QUARTERS, wp, d), lambda b, h, n: (b, h, 0, 0, 0)),
-        "row_base": pl.BlockSpec((None, None, 1, 1), lambda b, h, n: (b, h, 0, 0)),
-        "key_word": pl.BlockSpec((1, 1), lambda b, h, n: (0, 0)),
-        "lse_row": pl.BlockSpec((None, None, 1, lqp), lambda b, h, n: (b, h, 0, 0)),
-        "q_ids_row": pl.BlockSpec((None, 1, lqp), lambda b, h, n: (b, 0, 0)),
-        "kv_ids_row": pl.BlockSpec((None, _QUARTERS, 1, wp), lambda b, h, n: (b, 0, 0, 0)),
-    }
-    block = {
-        "q": pl.BlockSpec((None, None, block_q, d), lambda b, h, n: (b, h, n, 0)),
-        "lse_column": pl.BlockSpec((None, None, block_q, 1), lambda b, h, n: (b, h, n, 0)),
-        "q_ids_column": pl.BlockSpec((None, block_q, 1), lambda b, h, n: (b, n, 0)),
-        "kv": pl.BlockSpec((None, None, _QUARTERS, block_k, d), lambda b, h, n: (b, h, 0, n, 0)),
-        "kv_ids_column": pl.BlockSpec((None, _QUARTERS, block_k, 1), lambda b, h, n: (b, 0, n, 0)),
-    }
-    return whole, block
-
-
-def _loop_scalars(static: _Static, q, rows, scalars):
-    """The row counters [B, N, 1, 1] and the key's words [1, 1] as the loop kernels take them."""
-    n = q.shape[1]
-    heads = jnp.arange(n, dtype=jnp.int32)[None, :] + scalars[2]
-    row_base = (rows[:, None] * static.total_heads + heads) * static.length
-    return row_base[..., None, None], scalars[0].reshape(1, 1), scalars[1].reshape(1, 1)
-
-
-def _loop_forward(static: _Static, q, k, v, q_ids, kv_ids, rows, scalars):
-    """As `_grid_forward`, lse [B, N, Lqp, 1]."""
-    b, n, lqp, d = q.shape
-    whole, block = _loop_specs(static, q, k, static.block_q, static.block_k)
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, lqp, 1), jnp.float32)]
-    inputs = (q, k, v, q_ids[..., None], kv_ids[:, :, None, :], *_loop_scalars(static, q, rows, scalars))
-    with jax.named_scope("flash_attention_forward"):
-        return _loop_call(
-            _loop_forward_kernel,
-            static,
-            (b, n, lqp // static.block_q),
-            [
-                block["q"],
-                whole["kv"],
-                whole["kv"],
-                block["q_ids_column"],
-                whole["kv_ids_row"],
-                whole["row_base"],
-                whole["key_word"],
-                whole["key_word"],
-            ],
-            [block["q"], block["lse_column"]],
-            out_shape,
-            _cost(4, q, _QUARTERS * k.shape[3], *inputs, *out_shape),
-            *inputs,
-        )
-
-
-def _loop_backward(static: _Static, residuals, do):
-    q, k, v, q_ids, kv_ids, rows, scalars, o, lse = residuals
-    b, n, lqp, _ = q.shape
-    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
-    bq, bk = static.block_q_backward, static.block_k_backward
-    whole, block = _loop_specs(static, q, k, bq, bk)
-    row_base, k1, k2 = _loop_scalars(static, q, rows, scalars)
-    key_grads_in = (
-        q,
-        k,
-        v,
-        do,
-        lse.swapaxes(2, 3),
-        delta.swapaxes(2, 3),
-        q_ids[:, None, :],
-        kv_ids[..., None],
-        row_base,
-        k1,
-        k2,
-    )
-    kv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    with jax.named_scope("flash_attention_key_grads"):
-        dk, dv = _loop_call(
-            _loop_key_grads_kernel,
-            static,
-            (b, n, k.shape[3] // bk),
-            [
-                whole["q"],
-                block["kv"],
-                block["kv"],
-                whole["q"],
-                whole["lse_row"],
-                whole["lse_row"],
-                whole["q_ids_row"],
-                block["kv_ids_column"],
-                whole["row_base"],
-                whole["key_word"],
-                whole["key_word"],
-            ],
-            [block["kv"], block["kv"]],
-            kv_shapes,
-            _cost(8, q, _QUARTERS * k.shape[3], *key_grads_in, *kv_shapes),
-            *key_grads_in,
-        )
-    whole, block = _loop_specs(static, q, k, static.block_q, static.block_k)
-    query_grads_in = (q, k, v, do, lse, delta, q_ids[..., None], kv_ids[:, :, None, :], row_base, k1, k2)
-    out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
-    with jax.named_scope("flash_attention_query_grads"):
-        dq = _loop_call(
-            _loop_query_grads_kernel,
-            static,
-            (b, n, lqp // static.block_q),
-            [
-                block["q"],
-                whole["kv"],
-                whole["kv"],
-                block["q"],
-                block["lse_column"],
-                block["lse_column"],
-                block["q_ids_column"],
-                whole["kv_ids_row"],
-                whole["row_base"],
-                whole["key_word"],
-                whole["key_word"],
-            ],
-            block["q"],
-            out_shape,
-            _cost(6, q, _QUARTERS * k.shape[3], *query_grads_in, out_shape),
-            *query_grads_in,
-        )
-    return dq, dk, dv
-
-
 # --- the custom VJP and the public functions -------------------------------------------
 
-_FORWARD = {"grid": _grid_forward, "loop": _loop_forward}
-_BACKWARD = {"grid": _grid_backward, "loop": _loop_backward}
+_FORWARD = {"grid": flash_grid.forward, "loop": flash_loop.forward}
+_BACKWARD = {"grid": flash_grid.backward, "loop": flash_loop.backward}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(static: _Static, q, k, v, q_ids, kv_ids, rows, scalars):
+def _flash(static: tiles.Static, q, k, v, q_ids, kv_ids, rows, scalars):
     return _FORWARD[static.design](static, q, k, v, q_ids, kv_ids, rows, scalars)[0]
 
 
@@ -912,17 +170,17 @@ def default_backend(platform: str) -> str:
 def _block(requested: int | None, extent: int, backend: str, maximum: int, name: str) -> int:
     """A block size: the requested one (checked), or the smallest that covers `extent`, capped
     at `maximum` (so that a short row is not padded up to a full-size block)."""
-    pow2 = _DESIGN[backend] == "loop"  # Triton's tensor shapes are powers of two (and dots >= 16)
+    pow2 = tiles.DESIGN[backend] == "loop"  # Triton's tensor shapes are powers of two (and dots >= 16)
     if requested is not None:
         if pow2 and (requested < 16 or requested & (requested - 1)):
             raise ValueError(
                 f"flash attention {name} must be a power of two >= 16 on {backend}, got {requested}"
             )
         # Mosaic tiles: a block along lanes is a multiple of 128, or the whole (padded) row.
-        if backend == "tpu" and requested % _LANES and requested < extent:
+        if backend == "tpu" and requested % tiles.LANES and requested < extent:
             raise ValueError(
-                f"flash attention {name} must be a multiple of {_LANES} or cover the row ({extent}) on tpu, "
-                f"got {requested}"
+                f"flash attention {name} must be a multiple of {tiles.LANES} or cover the row ({extent}) "
+                f"on tpu, got {requested}"
             )
         return requested
     block = _round_up(extent, 16 if pow2 else 8)
@@ -933,7 +191,7 @@ def _block(requested: int | None, extent: int, backend: str, maximum: int, name:
 
 def _statics(sizes: BlockSizes, backend: str, length: int, width: int) -> dict:
     """The blocks and the wide-keys choice for a row of `length` (`width` keys per quarter)."""
-    largest = _LARGEST[_DESIGN[backend]]
+    largest = _LARGEST[tiles.DESIGN[backend]]
     block_q = _block(sizes.block_q, length, backend, largest[0], "block_q")
     block_k = _block(sizes.block_k, width, backend, largest[1], "block_k")
     # The backward pass's blocks divide the forward's, so that the padded lengths fit.
@@ -951,8 +209,8 @@ def _statics(sizes: BlockSizes, backend: str, length: int, width: int) -> dict:
     one_key_block = block_k >= width
     wide = sizes.wide_keys
     if wide is None:
-        wide = _DESIGN[backend] == "grid" and one_key_block and _QUARTERS * block_k <= _LANES
-    if wide and (_DESIGN[backend] != "grid" or not one_key_block):
+        wide = tiles.DESIGN[backend] == "grid" and one_key_block and tiles.QUARTERS * block_k <= tiles.LANES
+    if wide and (tiles.DESIGN[backend] != "grid" or not one_key_block):
         raise ValueError(
             "flash attention wide_keys needs the TPU design and one key block per quarter "
             f"(block_k >= {width}); got {backend}, block_k {block_k}"
@@ -994,12 +252,12 @@ def flash_attention_heads_first(
     if backend not in BACKENDS:
         raise ValueError(f"flash attention backend must be one of {BACKENDS}, got {backend!r}")
     b, n, length, d = query.shape
-    width = -(-length // _QUARTERS)
+    width = -(-length // tiles.QUARTERS)
     blocks = _statics(block_sizes or BlockSizes(), backend, length, width)
     keep = dropout_bits.keep_probability(dropout_rate) if dropout_key is not None else 1.0
     if keep == 0.0:
         raise ValueError("flash attention with attention dropout 1.0 drops everything: use a rate below 1")
-    static = _Static(
+    static = tiles.Static(
         **blocks,
         scale=float(1.0 / np.sqrt(d)),
         threshold=round((1.0 - keep) * 2**16),
@@ -1015,8 +273,8 @@ def flash_attention_heads_first(
 
     def quartered(x):  # [B, ..., L, ...] on axis 2 -> [B, ..., 4, Wp, ...]
         pad = [(0, 0)] * x.ndim
-        pad[2] = (0, _QUARTERS * width - length)
-        x = jnp.pad(x, pad).reshape(*x.shape[:2], _QUARTERS, width, *x.shape[3:])
+        pad[2] = (0, tiles.QUARTERS * width - length)
+        x = jnp.pad(x, pad).reshape(*x.shape[:2], tiles.QUARTERS, width, *x.shape[3:])
         pad = [(0, 0)] * x.ndim
         pad[3] = (0, wp - width)
         return jnp.pad(x, pad)
