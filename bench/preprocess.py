@@ -36,7 +36,6 @@ import core.tf_env  # noqa: F401  (TensorFlow's environment, before TensorFlow i
 from core import cli
 from core.errors import UserError
 
-_BATCH = 64  # documents per encode call, as data.preprocess's batches
 WIKI_BOOKS_WORDS = 3.3e9  # BERT (arXiv 1810.04805) section 3.1: 2,500M + 800M words
 PROJECTION_CORES = 96
 
@@ -72,8 +71,10 @@ def _write_corpus(documents: list[list[str]], copies: int, path: str) -> int:
 def _tokenize_alone(tokenizer, documents: list[list[str]]) -> tuple[float, int]:
     """(seconds, tokens) of encoding the documents in batches on this process's one thread."""
     start, tokens = time.perf_counter(), 0
-    for i in range(0, len(documents), _BATCH):
-        for doc in tokenizer.encode_documents(documents[i : i + _BATCH]):
+    from data.preprocess import BATCH_DOCUMENTS
+
+    for i in range(0, len(documents), BATCH_DOCUMENTS):
+        for doc in tokenizer.encode_documents(documents[i : i + BATCH_DOCUMENTS]):
             tokens += sum(len(s) for s in doc)
     return time.perf_counter() - start, tokens
 

@@ -565,9 +565,21 @@ def _xlnet_batches(
     return ds.batch(rows, drop_remainder=True)
 
 
-def load_word_starts(data_dir: str):
-    """[vocab_size] bool word-start table of the shards' tokenizer (DATA_DIR/tokenizer)."""
-    tokenizer = tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
+@functools.lru_cache(maxsize=8)
+def _shards_tokenizer(data_dir: str, fingerprint: str | None):
+    """The shards' tokenizer (DATA_DIR/tokenizer), read once per shards (`fingerprint`: the
+    manifest's; rewritten shards are read again): every evaluation builds its dataset anew."""
+    del fingerprint  # the cache key only
+    return tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
+
+
+def load_word_starts(data_dir: str, fingerprint: str | None = None):
+    """[vocab_size] bool word-start table of the shards' tokenizer (DATA_DIR/tokenizer); read
+    once per `fingerprint` (the manifest's) when given."""
+    if fingerprint is None:
+        tokenizer = tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
+    else:
+        tokenizer = _shards_tokenizer(data_dir, fingerprint)
     if not hasattr(tokenizer, "word_start_mask"):
         raise ValueError(
             f"the tokenizer in {data_dir}/{shards.TOKENIZER_DIR} has no word_start_mask(): "
@@ -576,11 +588,17 @@ def load_word_starts(data_dir: str):
     return tokenizer.word_start_mask()
 
 
+@functools.lru_cache(maxsize=8)
+def _similar_words(path: str, data_dir: str, fingerprint: str | None) -> SimilarWords:
+    """MacBERT's table for the shards' tokenizer, read once (not at every evaluation)."""
+    return similar_words.load(path, _shards_tokenizer(data_dir, fingerprint))
+
+
 # A Chinese corpus: more of the tokens than this are single CJK characters.
 _CJK_SHARE = 0.3
 
 
-def _word_tags(manifest: shards.Manifest, config: PipelineConfig, word_starts) -> bool:
+def _word_tags(manifest: shards.Manifest, config: PipelineConfig) -> bool:
     """Whether the masking's words take the shards' segmenter words (a masking unit of words,
     and shards preprocessed with --word_segmenter). Shards without them: a one-line error
     when the config requires them, and a warning when the text is Chinese (each character
@@ -594,18 +612,25 @@ def _word_tags(manifest: shards.Manifest, config: PipelineConfig, word_starts) -
             "words: preprocess them with --word_segmenter=jieba (Chinese whole-word masking)"
         )
     if by_words and shards.UNIGRAM_COUNTS in manifest.fields:
-        tokens = tokenizers.load_tokenizer(os.path.join(manifest.directory, shards.TOKENIZER_DIR))
-        vocab = [tokens.id_to_token(i) for i in range(len(word_starts))]
-        share = word_segmentation.cjk_token_share(vocab, manifest.unigram_counts())
-        if share > _CJK_SHARE:
-            logging.warning(
-                "masking_unit=%r on shards whose tokens are %.0f%% single CJK characters, made without a "
-                "word segmenter: every character is its own word, so this is character masking. For Chinese "
-                "whole-word masking preprocess with --word_segmenter=jieba",
-                config.masking_unit,
-                100 * share,
-            )
+        _warn_character_masking(manifest.directory, manifest.fields.get("fingerprint"), config.masking_unit)
     return False
+
+
+@functools.lru_cache(maxsize=8)
+def _warn_character_masking(data_dir: str, fingerprint: str | None, unit: str) -> None:
+    """`_word_tags`'s warning, once per shards and unit (not at every evaluation)."""
+    manifest = shards.load_manifest(data_dir)
+    tokenizer = _shards_tokenizer(data_dir, fingerprint)
+    vocab = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    share = word_segmentation.cjk_token_share(vocab, manifest.unigram_counts())
+    if share > _CJK_SHARE:
+        logging.warning(
+            "masking_unit=%r on shards whose tokens are %.0f%% single CJK characters, made without a "
+            "word segmenter: every character is its own word, so this is character masking. For Chinese "
+            "whole-word masking preprocess with --word_segmenter=jieba",
+            unit,
+            100 * share,
+        )
 
 
 # AutoGraph off for everything built here (the maps, scans and flat_maps of every stage
@@ -638,12 +663,14 @@ def make_dataset(
     manifest = shards.load_manifest(data_dir)
     vocab = manifest.vocab
     xlnet = config.format == "xlnet_stream"
-    word_starts = None if config.masking_unit == "token" and not xlnet else load_word_starts(data_dir)
-    word_tags = _word_tags(manifest, config, word_starts)
+    fingerprint = manifest.fields.get("fingerprint")
+    word_starts = None
+    if config.masking_unit != "token" or xlnet:
+        word_starts = load_word_starts(data_dir, fingerprint)
+    word_tags = _word_tags(manifest, config)
     similar = None
     if config.similar_words is not None:
-        tokenizer = tokenizers.load_tokenizer(os.path.join(data_dir, shards.TOKENIZER_DIR))
-        similar = similar_words.load(config.similar_words, tokenizer)
+        similar = _similar_words(config.similar_words, data_dir, fingerprint)
     unigram_counts = manifest.unigram_counts() if config.masking_unit == "span" else None
     files, shard_documents = host_files(
         data_dir, split, process_index, process_count, rows=batch_size if xlnet else 1

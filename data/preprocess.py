@@ -61,7 +61,7 @@ from core import cli
 from core.errors import Interrupted, UserError
 from data import corpora, record_corpora, shards, tokenizers, word_segmentation
 
-_BATCH_DOCUMENTS = 64
+BATCH_DOCUMENTS = 64  # per tokenizing task (bench.preprocess tokenizes alone in the same batches)
 _UNSORTED = ".unsorted"
 # A record of an unsorted shard: big-endian (order key, doc_id), then the document record.
 # Sorting records as bytes sorts by (key, doc_id): duplicate texts keep corpus order.
@@ -89,7 +89,7 @@ class SplitStats:
 
 
 class DocumentBatch(NamedTuple):
-    """Up to `_BATCH_DOCUMENTS` consecutive documents of the corpus, as the reader sends them
+    """Up to `BATCH_DOCUMENTS` consecutive documents of the corpus, as the reader sends them
     to the tokenizer: `documents` [(doc_id, sentences)], and per document whether it is
     held out, its source (for messages) and its `order_key`."""
 
@@ -333,14 +333,14 @@ def order_key(doc: corpora.Document, shuffle_seed: int) -> tuple[int, int]:
 def _document_batches(
     corpus: str, eval_fraction: float, shuffle_seed: int, corpus_kwargs: dict
 ) -> Iterator[DocumentBatch]:
-    """The corpus in batches of `_BATCH_DOCUMENTS` documents, in corpus order."""
+    """The corpus in batches of `BATCH_DOCUMENTS` documents, in corpus order."""
     batch = DocumentBatch([], [], [], [])
     for doc_id, doc in enumerate(corpora.iter_documents(corpus, **corpus_kwargs)):
         batch.documents.append((doc_id, list(doc.sentences)))
         batch.heldout.append(corpora.is_heldout(doc, eval_fraction))
         batch.sources.append(doc.source)
         batch.keys.append(order_key(doc, shuffle_seed))
-        if len(batch.documents) == _BATCH_DOCUMENTS:
+        if len(batch.documents) == BATCH_DOCUMENTS:
             yield batch
             batch = DocumentBatch([], [], [], [])
     if batch.documents:

@@ -24,7 +24,7 @@ def _row(rng, length):
     }
 
 
-def _mask(row, seed, prob=0.15, cap=P):
+def _mask(row, seed, prob=0.15, cap=P, **options):
     return masking.mask_tokens(
         row,
         seed=tf.stack([tf.cast(seed, tf.int64), tf.constant(7, tf.int64)]),
@@ -33,6 +33,7 @@ def _mask(row, seed, prob=0.15, cap=P):
         never_mask_ids=(CLS, SEP),
         masked_lm_prob=prob,
         max_predictions_per_seq=cap,
+        **options,
     )
 
 
@@ -205,17 +206,7 @@ def test_macberts_replacement_is_a_random_token_or_the_same_never_mask():
     rng = np.random.default_rng(3)
     kept = changed = 0
     for seed in range(60):
-        row = _row(rng, 64)
-        out = masking.mask_tokens(
-            row,
-            seed=tf.constant([seed, 1], tf.int64),
-            vocab_size=VOCAB,
-            mask_id=MASK,
-            never_mask_ids=(CLS, SEP),
-            masked_lm_prob=0.15,
-            max_predictions_per_seq=P,
-            replacement="random",
-        )
+        out = _mask(_row(rng, 64), seed, replacement="random")
         n = int(out["masked_lm_weights"].numpy().sum())
         now = out["input_ids"].numpy()[out["masked_lm_positions"].numpy()[:n]]
         assert MASK not in now
@@ -227,16 +218,7 @@ def test_macberts_replacement_is_a_random_token_or_the_same_never_mask():
 
 def test_word_units_need_a_word_start_table():
     with pytest.raises(ValueError, match="word_starts"):
-        masking.mask_tokens(
-            _row(np.random.default_rng(0), 20),
-            seed=tf.constant([0, 0], tf.int64),
-            vocab_size=VOCAB,
-            mask_id=MASK,
-            never_mask_ids=(CLS, SEP),
-            masked_lm_prob=0.15,
-            max_predictions_per_seq=P,
-            masking_unit="whole_word",
-        )
+        _mask(_row(np.random.default_rng(0), 20), 0, masking_unit="whole_word")
 
 
 @pytest.mark.slow
